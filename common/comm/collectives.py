@@ -1,0 +1,138 @@
+"""Typed collectives that count what they send and do nothing at world size 1.
+
+Every function takes an optional :class:`CommStats` (bits and calls are added to it) and an
+optional process group. Tensors may live on any device the backend supports (gloo: CPU, NCCL: CUDA).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from .stats import CommStats
+
+ProcessGroup = dist.ProcessGroup | None
+
+# torch 2.14 renamed all_gather_into_tensor (now deprecated) to all_gather_single.
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def get_world_size(group: ProcessGroup = None) -> int:
+    return dist.get_world_size(group) if is_distributed() else 1
+
+
+def get_rank(group: ProcessGroup = None) -> int:
+    return dist.get_rank(group) if is_distributed() else 0
+
+
+def _bits(t: Tensor) -> int:
+    return t.numel() * t.element_size() * 8
+
+
+def all_reduce_sum_(tensor: Tensor, *, stats: CommStats | None = None, group: ProcessGroup = None) -> Tensor:
+    """Sum ``tensor`` over ranks, in place. No-op (and nothing counted) at world size 1."""
+    if get_world_size(group) == 1:
+        return tensor
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
+    if stats is not None:
+        stats.add_call("all_reduce", _bits(tensor))
+    return tensor
+
+
+def broadcast_(
+    tensor: Tensor, src: int = 0, *, stats: CommStats | None = None, group: ProcessGroup = None
+) -> Tensor:
+    """Broadcast ``tensor`` from rank ``src`` in place (bits counted on the sender only)."""
+    if get_world_size(group) == 1:
+        return tensor
+    dist.broadcast(tensor, src=src, group=group)
+    if stats is not None and get_rank(group) == src:
+        stats.add_call("broadcast", _bits(tensor))
+    return tensor
+
+
+def all_gather_variable(
+    tensors: Sequence[Tensor],
+    *,
+    sizes_known: bool = False,
+    stats: CommStats | None = None,
+    group: ProcessGroup = None,
+) -> list[list[Tensor]]:
+    """All-gather several 1-D tensors per rank whose sizes may differ between ranks.
+
+    Returns ``out[r][i]``: rank r's i-th tensor. Dtypes must agree across ranks position by position.
+    The tensors travel as one byte buffer, so a payload of values and indices is one collective.
+    Unless ``sizes_known`` (every rank's sizes equal this rank's, e.g. top-k at a fixed density),
+    the element counts are all-gathered first (int64 each, counted) and the buffers padded to the
+    longest one; the padding crosses the wire and is counted too.
+    """
+    world = get_world_size(group)
+    tensors = [t.reshape(-1) for t in tensors]
+    if world == 1:
+        return [list(tensors)]
+    device = tensors[0].device
+    counts = torch.tensor([t.numel() for t in tensors], dtype=torch.int64, device=device)
+    if sizes_known:
+        counts_W = counts.unsqueeze(0).expand(world, -1)
+    else:
+        counts_W = torch.empty(world * len(tensors), dtype=torch.int64, device=device)
+        _all_gather_single(counts_W, counts, group=group)
+        counts_W = counts_W.view(world, len(tensors))
+        if stats is not None:
+            stats.add_call("all_gather_counts", _bits(counts))
+    itemsizes = torch.tensor([t.element_size() for t in tensors], dtype=torch.int64, device=device)
+    nbytes_W = (counts_W * itemsizes).cpu()  # one host sync: needed to size the receive buffer
+    max_bytes = int(nbytes_W.sum(1).max())
+    send = torch.zeros(max_bytes, dtype=torch.uint8, device=device)
+    mine = torch.cat([t.contiguous().view(torch.uint8) for t in tensors]) if tensors else send[:0]
+    send[: mine.numel()] = mine
+    recv = torch.empty(world * max_bytes, dtype=torch.uint8, device=device)
+    _all_gather_single(recv, send, group=group)
+    recv = recv.view(world, max_bytes)
+    if stats is not None:
+        stats.add_call("all_gather", _bits(send))
+    out: list[list[Tensor]] = []
+    for r in range(world):
+        parts = recv[r].split([*nbytes_W[r].tolist(), max_bytes - int(nbytes_W[r].sum())])
+        # A byte slice can be viewed as a wider dtype only at an aligned offset; copy otherwise.
+        out.append(
+            [
+                (p if p.storage_offset() % t.element_size() == 0 else p.clone()).view(t.dtype)
+                for p, t in zip(parts, tensors, strict=False)
+            ]
+        )
+    return out
+
+
+def exchange(
+    sends: Mapping[int, Tensor],
+    recvs: Mapping[int, Tensor],
+    *,
+    stats: CommStats | None = None,
+    group: ProcessGroup = None,
+) -> None:
+    """Point-to-point: send ``sends[peer]`` to each peer and receive into ``recvs[peer]``.
+
+    Receives are posted before sends: if every rank waited on its ``isend`` before any rank posted
+    a ``recv``, gloo would hang silently (measured here, see research/environment.md).
+    Peers are global ranks.
+    """
+    if get_world_size(group) == 1:
+        if sends or recvs:
+            raise ValueError("point-to-point exchange at world size 1 has no peers to talk to")
+        return
+    requests = [dist.irecv(buf, src=peer, group=group) for peer, buf in sorted(recvs.items())]
+    for peer, tensor in sorted(sends.items()):
+        requests.append(dist.isend(tensor.contiguous(), dst=peer, group=group))
+        if stats is not None:
+            stats.add_call("send", _bits(tensor))
+    for request in requests:
+        assert request is not None  # None only for ranks outside ``group``
+        request.wait()

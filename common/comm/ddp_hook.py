@@ -1,0 +1,75 @@
+"""Any thinwire compressor as a PyTorch DDP communication hook, in one line.
+
+Example (gloo or NCCL; ``model`` already wrapped in ``DistributedDataParallel``)::
+
+    from common.comm import install_ddp_hook
+    from common.compressors import build_compressor
+
+    sync = install_ddp_hook(model, build_compressor("topk", density=0.01), error_feedback=True)
+    ...  # train as usual; sync.stats holds bits sent, calls and seconds per phase
+
+The hook and the explicit ``GradientSync.sync`` path run the same :meth:`GradientSync.reduce_flat`
+on a flat bucket, so they agree (a test checks it). Residuals are keyed by parameter name, not by
+bucket index: DDP rebuilds its buckets after the first iteration, which would otherwise scramble
+the residual memory (the reason PowerSGD's hook waits a few iterations before compressing).
+"""
+
+# No ``from __future__ import annotations`` here: DDP checks the hook's annotations at run time
+# (``bucket`` must be annotated ``dist.GradBucket``, the result ``torch.futures.Future[torch.Tensor]``).
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from ..compressors import Compressor, build_compressor
+from .sync import GradientSync
+
+
+def compressed_allreduce_hook(
+    state: GradientSync, bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
+    """DDP comm hook: average ``bucket`` over ranks through ``state`` (a :class:`GradientSync`)."""
+    params = bucket.parameters()
+    try:
+        names = [state.param_names[id(p)] for p in params]
+    except KeyError:
+        raise ValueError(
+            "GradientSync does not know the bucket's parameters: call sync.name_parameters(model.module) "
+            "before registering the hook (install_ddp_hook does this)"
+        ) from None
+    sizes = [p.numel() for p in params]
+    buffer = bucket.buffer()
+    mean = state.reduce_flat(names, buffer, sizes)
+    if bucket.is_last():
+        state.stats.steps += 1
+    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    future.set_result(mean.view_as(buffer))
+    return future
+
+
+def install_ddp_hook(
+    model: DistributedDataParallel,
+    compressor: Compressor | str,
+    *,
+    error_feedback: bool = True,
+    **options: Any,
+) -> GradientSync:
+    """Register ``compressor`` (an instance, or a registry name built with ``options``) on ``model``.
+
+    Remaining ``options`` that are not compressor options go to :class:`GradientSync`
+    (``transport``, ``seed``, ``group``, ``stats``). Returns the :class:`GradientSync`, whose
+    ``stats`` and ``state_dict()`` (residuals, generator states) the caller may checkpoint.
+    """
+    sync_keys = {"transport", "seed", "group", "stats"}
+    sync_options = {k: options.pop(k) for k in list(options) if k in sync_keys}
+    if isinstance(compressor, str):
+        compressor = build_compressor(compressor, **options)
+    elif options:
+        raise ValueError(
+            f"options {sorted(options)} given with a compressor instance; build it with them instead"
+        )
+    sync = GradientSync(compressor, error_feedback=error_feedback, **sync_options)
+    sync.name_parameters(model.module)
+    model.register_comm_hook(sync, compressed_allreduce_hook)
+    return sync

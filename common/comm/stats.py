@@ -1,0 +1,90 @@
+"""Communication accounting: bits handed to collectives, calls, and seconds per phase."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+PHASES = ("compress", "communicate", "decompress")
+
+
+@dataclass
+class CommStats:
+    """What one rank sent, counted where it was sent.
+
+    ``bits_sent`` adds up the bits of every buffer this rank hands to a collective or point-to-point
+    send (for an all-reduce: the buffer; for an all-gather: this rank's contribution including
+    padding and the size exchange; for a send: the message). How many times the collective's
+    algorithm forwards those bits (a ring all-reduce moves 2(W-1)/W of them per rank) is the cost
+    model's business, not this counter's. At world size 1 nothing is sent and nothing is counted.
+
+    ``dense_bits`` is the fp32 size of the gradients that were synchronised: the reference that the
+    compression factor is measured against (an fp32 all-reduce run has bits_sent == dense_bits).
+    """
+
+    bits_sent: int = 0
+    dense_bits: int = 0
+    steps: int = 0
+    calls: Counter[str] = field(default_factory=Counter)
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+
+    def add_call(self, op: str, bits: int) -> None:
+        self.calls[op] += 1
+        self.bits_sent += int(bits)
+
+    @contextmanager
+    def phase(self, name: str, device: torch.device | None = None) -> Iterator[None]:
+        """Time a phase; on CUDA the device is synchronised at both ends so the time is real."""
+        if name not in self.seconds:
+            raise ValueError(f"unknown phase {name!r}; valid phases: {', '.join(self.seconds)}")
+        cuda = device is not None and device.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            if cuda:
+                torch.cuda.synchronize(device)
+            self.seconds[name] += time.perf_counter() - start
+
+    @property
+    def compression_factor(self) -> float:
+        """dense fp32 bits / bits actually sent (nan when nothing was sent, e.g. world size 1)."""
+        return self.dense_bits / self.bits_sent if self.bits_sent else float("nan")
+
+    def summary(self) -> dict[str, float]:
+        """Flat numbers for metrics.json and MLflow."""
+        steps = max(self.steps, 1)
+        out: dict[str, float] = {
+            "bits_sent": float(self.bits_sent),
+            "bits_per_step": self.bits_sent / steps,
+            "dense_bits_per_step": self.dense_bits / steps,
+            "compression_factor": self.compression_factor,
+            "comm_calls": float(sum(self.calls.values())),
+        }
+        for phase, seconds in self.seconds.items():
+            out[f"{phase}_seconds"] = seconds
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "bits_sent": self.bits_sent,
+            "dense_bits": self.dense_bits,
+            "steps": self.steps,
+            "calls": dict(self.calls),
+            "seconds": dict(self.seconds),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.bits_sent = int(state["bits_sent"])
+        self.dense_bits = int(state["dense_bits"])
+        self.steps = int(state["steps"])
+        self.calls = Counter(state["calls"])
+        self.seconds = dict(state["seconds"])

@@ -1,0 +1,209 @@
+"""GradientSync: compensate -> compress -> transport -> decompress -> update residual.
+
+The one object every data-parallel method goes through, either called explicitly after
+``backward()`` (``sync.sync(model.named_parameters())``) or installed as a DDP comm hook
+(:mod:`common.comm.ddp_hook`): both call :meth:`GradientSync.reduce_flat`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from ..compressors.base import Compressor, CompressorRNG
+from ..feedback import ErrorFeedback
+from .collectives import ProcessGroup, all_gather_variable, all_reduce_sum_, get_rank, get_world_size
+from .stats import CommStats
+
+log = logging.getLogger(__name__)
+
+TRANSPORTS = ("auto", "allreduce", "allgather")
+
+
+class GradientSync:
+    """Averages gradients over ranks through a compressor, with optional error feedback.
+
+    Args:
+        compressor: any :class:`~common.compressors.Compressor`.
+        error_feedback: ``True`` for a fresh :class:`ErrorFeedback`, or one to reuse, or ``False``.
+        transport: ``"allreduce"`` (sums payloads; only for linear compressors), ``"allgather"``
+            (every rank receives every payload and sums the decompressions), or ``"auto"``
+            (all-reduce when the compressor is linear).
+        bucket_numel: ``None`` compresses each tensor on its own (what per-layer methods such as
+            DGC and TernGrad specify); a number groups consecutive tensors of one dtype/device
+            into flat buckets of at least that many entries, compressed as one.
+        seed: seeds the shared and per-rank generators handed to the compressor.
+        group: process group (default: the world).
+        stats: where bits, calls and phase times are added (a new :class:`CommStats` by default).
+
+    Results are averages (sum / world size) written back into the gradients in place.
+    """
+
+    def __init__(
+        self,
+        compressor: Compressor,
+        *,
+        error_feedback: bool | ErrorFeedback = False,
+        transport: str = "auto",
+        bucket_numel: int | None = None,
+        seed: int = 0,
+        group: ProcessGroup = None,
+        stats: CommStats | None = None,
+    ) -> None:
+        if transport not in TRANSPORTS:
+            raise ValueError(f"unknown transport {transport!r}; valid transports: {', '.join(TRANSPORTS)}")
+        if transport == "allreduce" and not compressor.linear:
+            raise ValueError(
+                f"compressor {compressor!r} is not linear: its payloads cannot be summed by an "
+                "all-reduce. Use transport='allgather' (or 'auto')."
+            )
+        if bucket_numel is not None and bucket_numel < 1:
+            raise ValueError(f"bucket_numel must be None (per tensor) or >= 1, got {bucket_numel}")
+        self.compressor = compressor
+        if isinstance(error_feedback, ErrorFeedback):
+            self.error_feedback: ErrorFeedback | None = error_feedback
+        else:
+            self.error_feedback = ErrorFeedback() if error_feedback else None
+        self.use_allreduce = transport == "allreduce" or (transport == "auto" and compressor.linear)
+        self.bucket_numel = bucket_numel
+        self.seed = seed
+        self.group = group
+        self.stats = stats if stats is not None else CommStats()
+        self._rng: CompressorRNG | None = None
+        self._rng_state: dict[str, Tensor] | None = None
+        self.param_names: dict[int, str] = {}
+
+    @property
+    def transport(self) -> str:
+        return "allreduce" if self.use_allreduce else "allgather"
+
+    def rng(self, device: torch.device) -> CompressorRNG:
+        """The generators, created on the gradients' device at first use."""
+        if self._rng is None:
+            self._rng = CompressorRNG(self.seed, get_rank(self.group), device)
+            if self._rng_state is not None:
+                self._rng.load_state_dict(self._rng_state)
+                self._rng_state = None
+        return self._rng
+
+    def name_parameters(self, module: nn.Module) -> None:
+        """Remember parameter names (for residual keys) when only tensors are seen (DDP hook)."""
+        self.param_names = {id(p): name for name, p in module.named_parameters()}
+
+    # -- the explicit path ------------------------------------------------------------------------
+
+    def sync(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
+        """Average the given tensors (typically gradients) over ranks, in place; one step."""
+        named = [(name, t) for name, t in named_tensors]
+        for bucket in self._buckets(named):
+            names = [name for name, _ in bucket]
+            tensors = [t for _, t in bucket]
+            sizes = [t.numel() for t in tensors]
+            flat = (
+                tensors[0].reshape(-1) if len(tensors) == 1 else torch.cat([t.reshape(-1) for t in tensors])
+            )
+            mean = self.reduce_flat(names, flat, sizes)
+            for t, part in zip(tensors, mean.split(sizes), strict=True):
+                t.copy_(part.view_as(t))
+        self.stats.steps += 1
+
+    def sync_gradients(self, module: nn.Module) -> None:
+        """Average the gradients of ``module``'s parameters (those that have one)."""
+        self.sync((name, p.grad) for name, p in module.named_parameters() if p.grad is not None)
+
+    def _buckets(self, named: list[tuple[str, Tensor]]) -> list[list[tuple[str, Tensor]]]:
+        if self.bucket_numel is None:
+            return [[item] for item in named]
+        buckets: list[list[tuple[str, Tensor]]] = []
+        current: list[tuple[str, Tensor]] = []
+        numel = 0
+        for name, t in named:
+            if current and (t.dtype != current[0][1].dtype or t.device != current[0][1].device):
+                buckets.append(current)
+                current, numel = [], 0
+            current.append((name, t))
+            numel += t.numel()
+            if numel >= self.bucket_numel:
+                buckets.append(current)
+                current, numel = [], 0
+        if current:
+            buckets.append(current)
+        return buckets
+
+    # -- the shared core --------------------------------------------------------------------------
+
+    def reduce_flat(self, names: Sequence[str], flat: Tensor, sizes: Sequence[int]) -> Tensor:
+        """Mean over ranks of ``flat``, the concatenation of the tensors ``names`` (of ``sizes``).
+
+        The input may be overwritten (an all-reduce works in place); the result is a new 1-D tensor.
+        """
+        world = get_world_size(self.group)
+        ef = self.error_feedback
+        device = flat.device
+        with self.stats.phase("compress", device):
+            compensated = ef.compensate(names, flat, sizes) if ef is not None else flat
+            payload = self.compressor.compress(compensated, self.rng(device))
+            # What this rank contributes, decoded locally; the residual is what it leaves out.
+            sent = self.compressor.decompress(payload) if ef is not None else None
+            if sent is not None and self.use_allreduce:
+                # The all-reduce sums in place: wire tensors that alias what the residual update
+                # still reads (identity's wire *is* the compensated gradient) are copied first.
+                keep = {compensated.untyped_storage().data_ptr(), sent.untyped_storage().data_ptr()}
+                payload = payload.with_wire(
+                    {
+                        k: v.clone() if v.untyped_storage().data_ptr() in keep else v
+                        for k, v in payload.wire.items()
+                    }
+                )
+        with self.stats.phase("communicate", device):
+            if self.use_allreduce:
+                for tensor in payload.wire.values():
+                    all_reduce_sum_(tensor, stats=self.stats, group=self.group)
+                gathered = None
+            else:
+                keys = list(payload.wire)
+                per_rank = all_gather_variable(
+                    list(payload.wire.values()),
+                    sizes_known=self.compressor.fixed_size,
+                    stats=self.stats,
+                    group=self.group,
+                )
+                gathered = [payload.with_wire(dict(zip(keys, tensors, strict=True))) for tensors in per_rank]
+        with self.stats.phase("decompress", device):
+            if gathered is None:
+                total = self.compressor.decompress(payload)
+            else:
+                total = self.compressor.aggregate(gathered)
+            mean = total.reshape(-1).to(flat.dtype) / world
+            if ef is not None:
+                assert sent is not None
+                ef.update(names, compensated, sent, sizes)
+        if world > 1:
+            self.stats.dense_bits += flat.numel() * 32
+        return mean
+
+    # -- checkpointing ----------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, object]:
+        rng = self._rng.state_dict() if self._rng is not None else self._rng_state
+        return {
+            "error_feedback": self.error_feedback.state_dict() if self.error_feedback is not None else None,
+            "rng": rng,
+            "stats": self.stats.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        ef_state = state["error_feedback"]
+        if (ef_state is None) != (self.error_feedback is None):
+            raise ValueError("checkpoint and GradientSync disagree on whether error feedback is used")
+        if self.error_feedback is not None:
+            self.error_feedback.load_state_dict(ef_state)  # type: ignore[arg-type]
+        rng_state = state["rng"]
+        if self._rng is not None and rng_state is not None:
+            self._rng.load_state_dict(rng_state)  # type: ignore[arg-type]
+        else:
+            self._rng_state = rng_state  # type: ignore[assignment]
+        self.stats.load_state_dict(state["stats"])  # type: ignore[arg-type]

@@ -1,0 +1,56 @@
+"""Compressors and their registry.
+
+>>> from common.compressors import build_compressor
+>>> build_compressor("topk", density=0.01)
+TopK(density=0.01)
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from ..registry import lookup
+from .base import Compressor, CompressorRNG, Payload, check_density, num_kept
+from .cast import BF16, FP16
+from .identity import Identity
+from .randomk import RandomK
+from .topk import TopK
+
+COMPRESSORS: dict[str, type[Compressor]] = {
+    "identity": Identity,
+    "fp16": FP16,
+    "bf16": BF16,
+    "topk": TopK,
+    "randomk": RandomK,
+}
+
+
+def build_compressor(name: str, **options: Any) -> Compressor:
+    """Build a registered compressor by name; unknown names or options raise a ``ValueError``."""
+    cls = lookup(COMPRESSORS, name, "compressor")
+    params = inspect.signature(cls.__init__).parameters
+    allowed = [p for p in params if p != "self" and params[p].kind is not inspect.Parameter.VAR_KEYWORD]
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise ValueError(
+            f"unknown option(s) {', '.join(unknown)} for compressor {name!r}; "
+            f"allowed: {', '.join(allowed) or '(none)'}"
+        )
+    return cls(**options)
+
+
+__all__ = [
+    "BF16",
+    "COMPRESSORS",
+    "FP16",
+    "Compressor",
+    "CompressorRNG",
+    "Identity",
+    "Payload",
+    "RandomK",
+    "TopK",
+    "build_compressor",
+    "check_density",
+    "num_kept",
+]

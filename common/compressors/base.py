@@ -1,0 +1,129 @@
+"""The compressor contract: payloads that hold exactly what crosses the wire.
+
+A :class:`Compressor` turns a tensor into a :class:`Payload` and back. ``payload.wire`` holds the
+tensors that really cross the wire (bit-packed where a method is sub-byte); everything else a
+receiver needs (shape, dtype, indices every rank can regenerate from the shared generator) stays in
+``payload.local`` and is never counted. ``payload.num_bits`` is computed from the wire tensors
+themselves, so a compressor cannot claim fewer bits than it sends.
+
+Invariant the transports rely on: ``local`` is identical on every rank for the same tensor at the
+same step (it depends only on shape, dtype and the shared generator). Anything rank-specific must be
+on the wire.
+
+Randomness comes only from the two generators in :class:`CompressorRNG`: ``shared`` (same seed and
+same call sequence on every rank, e.g. random-k indices that all ranks must agree on) and ``local``
+(seeded per rank, e.g. stochastic rounding). The global torch RNG is never touched.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class Payload:
+    """A compressed tensor: ``wire`` crosses the network, ``local`` never does."""
+
+    wire: dict[str, Tensor]
+    shape: torch.Size
+    dtype: torch.dtype
+    local: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def num_bits(self) -> int:
+        """Bits on the wire, counted from the wire tensors' storage (numel x element size x 8)."""
+        return sum(t.numel() * t.element_size() * 8 for t in self.wire.values())
+
+    def with_wire(self, wire: dict[str, Tensor]) -> Payload:
+        """The same payload structure around other wire tensors (e.g. another rank's, or a sum)."""
+        return Payload(wire=wire, shape=self.shape, dtype=self.dtype, local=self.local)
+
+
+class CompressorRNG:
+    """The two explicit generators a compressor may draw from.
+
+    ``shared`` must produce the same stream on every rank: it is seeded with the same ``seed`` on
+    all ranks and every rank makes the same calls in the same order (GradientSync guarantees this
+    by compressing the same tensors in the same order). ``local`` is seeded with ``seed`` and the
+    rank, so stochastic rounding is independent across workers.
+    """
+
+    def __init__(self, seed: int, rank: int, device: torch.device | str = "cpu") -> None:
+        device = torch.device(device)
+        self.shared = torch.Generator(device=device)
+        self.shared.manual_seed(seed)
+        self.local = torch.Generator(device=device)
+        # A large odd stride keeps (seed, rank) pairs from colliding for small seeds.
+        self.local.manual_seed((seed * 1_000_003 + 7919 * (rank + 1)) % (2**63))
+
+    def state_dict(self) -> dict[str, Tensor]:
+        return {"shared": self.shared.get_state(), "local": self.local.get_state()}
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        self.shared.set_state(state["shared"])
+        self.local.set_state(state["local"])
+
+
+class Compressor(ABC):
+    """Stateless, device-agnostic compressor.
+
+    Subclasses set three class attributes: ``name`` (registry key), ``linear`` (payload wire
+    tensors of several ranks may be summed elementwise by an all-reduce and then decompressed as
+    one) and ``unbiased`` (E[decompress(compress(x))] == x). Wire tensors are 1-D.
+    """
+
+    name: ClassVar[str]
+    linear: bool
+    unbiased: bool
+    #: Every rank's payload for a tensor of a given shape has the same wire sizes (e.g. top-k at a
+    #: fixed density), so an all-gather needs no preliminary exchange of sizes.
+    fixed_size: ClassVar[bool] = False
+
+    @abstractmethod
+    def compress(self, x: Tensor, rng: CompressorRNG) -> Payload: ...
+
+    @abstractmethod
+    def decompress(self, payload: Payload) -> Tensor: ...
+
+    def aggregate(self, payloads: Sequence[Payload]) -> Tensor:
+        """Sum of the decompressed payloads of several ranks (all-gather transport)."""
+        total = self.decompress(payloads[0]).clone()
+        for payload in payloads[1:]:
+            total += self.decompress(payload)
+        return total
+
+    def __repr__(self) -> str:
+        params = [p for p in inspect.signature(type(self).__init__).parameters if p != "self"]
+        fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in params if hasattr(self, k))
+        return f"{type(self).__name__}({fields})"
+
+
+def check_density(density: float) -> float:
+    """Validate a sparsity knob: the kept fraction of entries, in (0, 1]."""
+    if isinstance(density, bool) or not isinstance(density, int | float) or not 0.0 < density <= 1.0:
+        raise ValueError(
+            f"density must be a number in (0, 1] (the fraction of entries kept), got {density!r}"
+        )
+    return float(density)
+
+
+def num_kept(numel: int, density: float) -> int:
+    """Entries kept at ``density``: ceil(density * numel), at least one."""
+    return max(1, min(numel, math.ceil(density * numel - 1e-9)))
+
+
+def index_dtype(numel: int) -> torch.dtype:
+    """int32 indices when they fit (half the bits of int64 on the wire)."""
+    return torch.int32 if numel < 2**31 else torch.int64

@@ -1,0 +1,215 @@
+"""Collectives, CommStats and GradientSync on real gloo ranks (CPU processes)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from common.comm import CommStats, GradientSync, all_gather_variable, exchange
+from common.compressors import CompressorRNG, build_compressor
+from tests.distributed import run_ranks
+
+
+def _grads(rank: int, sizes=(10, 33, 1)):
+    g = torch.Generator().manual_seed(100 + rank)
+    return [(f"p{i}", torch.randn(n, generator=g)) for i, n in enumerate(sizes)]
+
+
+def _scenarios(rank: int, world: int) -> dict:
+    out: dict = {}
+
+    # 1. GradientSync(identity) == all-reduce mean; bits counted exactly (32 bits per fp32 entry).
+    grads = _grads(rank)
+    sync = GradientSync(build_compressor("identity"))
+    sync.sync(grads)
+    out["identity"] = [t.clone() for _, t in grads]
+    out["identity_stats"] = sync.stats.summary()
+
+    # 2. Variable-size all-gather of (fp32 values, int32 indices), sizes differing by rank.
+    values = torch.arange(rank + 1, dtype=torch.float32) + 10 * rank
+    indices = torch.arange(2 * rank + 3, dtype=torch.int32)
+    stats = CommStats()
+    gathered = all_gather_variable([values, indices], stats=stats)
+    out["gathered"] = [[t.clone() for t in ts] for ts in gathered]
+    out["gather_bits"] = stats.bits_sent
+    out["gather_calls"] = dict(stats.calls)
+
+    # 3. Top-k through the all-gather transport, no error feedback.
+    grads = _grads(rank, sizes=(200,))
+    local = grads[0][1].clone()
+    sync = GradientSync(build_compressor("topk", density=0.05))
+    sync.sync(grads)
+    out["topk_local"] = local
+    out["topk_mean"] = grads[0][1].clone()
+    out["topk_bits"] = sync.stats.bits_sent
+
+    # 4. fp16 all-reduce with error feedback: the residual is what this rank's fp16 cast dropped.
+    grads = _grads(rank, sizes=(50,))
+    before = grads[0][1].clone()
+    sync = GradientSync(build_compressor("fp16"), error_feedback=True)
+    sync.sync(grads)
+    out["fp16_before"] = before
+    out["fp16_mean"] = grads[0][1].clone()
+    out["fp16_residual"] = sync.error_feedback.residuals["p0"].clone()
+
+    # 5. Shared-index random-k through all-reduce: the same indices on every rank.
+    grads = _grads(rank, sizes=(300,))
+    out["randk_local"] = grads[0][1].clone()
+    sync = GradientSync(build_compressor("randomk", density=0.1, scaled=False), seed=4)
+    sync.sync(grads)
+    out["randk_mean"] = grads[0][1].clone()
+
+    # 6. Point-to-point ring exchange.
+    send = torch.full((4,), float(rank))
+    recv = torch.empty(4)
+    stats = CommStats()
+    exchange({(rank + 1) % world: send}, {(rank - 1) % world: recv}, stats=stats)
+    out["ring"] = recv
+    out["ring_bits"] = stats.bits_sent
+    return out
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=["2ranks", "4ranks"])
+def results(request, tmp_path_factory):
+    world = request.param
+    return world, run_ranks(_scenarios, world, tmp_path=tmp_path_factory.mktemp("comm"))
+
+
+def test_identity_sync_equals_allreduce_mean(results):
+    world, res = results
+    for i in range(3):
+        expected = sum(t for _, t in [_grads(r)[i] for r in range(world)]) / world
+        for r in range(world):
+            torch.testing.assert_close(res[r]["identity"][i], expected, rtol=1e-6, atol=1e-7)
+    stats = res[0]["identity_stats"]
+    assert stats["bits_sent"] == 32 * (10 + 33 + 1) == stats["dense_bits_per_step"]
+    assert stats["compression_factor"] == 1.0 and stats["comm_calls"] == 3
+
+
+def test_variable_size_all_gather(results):
+    world, res = results
+    for r in range(world):
+        got = res[r]["gathered"]
+        for src in range(world):
+            assert torch.equal(got[src][0], torch.arange(src + 1, dtype=torch.float32) + 10 * src)
+            assert torch.equal(got[src][1], torch.arange(2 * src + 3, dtype=torch.int32))
+    # counts: 2 int64 per rank; data: padded to the longest rank's bytes (last rank)
+    longest = 4 * world + 4 * (2 * (world - 1) + 3)
+    assert res[0]["gather_bits"] == 2 * 64 + 8 * longest
+    assert res[0]["gather_calls"] == {"all_gather_counts": 1, "all_gather": 1}
+
+
+def test_topk_allgather_equals_dense_reference(results):
+    world, res = results
+    comp = build_compressor("topk", density=0.05)
+    expected = sum(
+        comp.decompress(comp.compress(res[r]["topk_local"], CompressorRNG(0, r))) for r in range(world)
+    )
+    for r in range(world):
+        torch.testing.assert_close(res[r]["topk_mean"], expected / world)
+    # fixed k = 10 of 200: values fp32 + indices int32, no size exchange
+    assert res[0]["topk_bits"] == 10 * 64
+
+
+def test_fp16_allreduce_with_error_feedback(results):
+    world, res = results
+    for r in range(world):
+        before = res[r]["fp16_before"]
+        assert torch.equal(res[r]["fp16_residual"], before - before.half().float())
+    expected = sum(res[r]["fp16_before"].half() for r in range(world)).float() / world
+    # gloo sums in fp16 in its own order: equal up to fp16 rounding of partial sums
+    torch.testing.assert_close(res[0]["fp16_mean"], expected, rtol=0, atol=2e-3)
+
+
+def test_randomk_shared_indices_allreduce(results):
+    world, res = results
+    kept = res[0]["randk_mean"] != 0
+    assert int(kept.sum()) == 30
+    dense_mean = sum(res[r]["randk_local"] for r in range(world)) / world
+    for r in range(world):
+        assert torch.equal(res[r]["randk_mean"] != 0, kept)
+        torch.testing.assert_close(res[r]["randk_mean"][kept], dense_mean[kept])
+
+
+def test_point_to_point_ring(results):
+    world, res = results
+    for r in range(world):
+        assert torch.equal(res[r]["ring"], torch.full((4,), float((r - 1) % world)))
+        assert res[r]["ring_bits"] == 4 * 32
+
+
+def test_allreduce_refuses_nonlinear_compressor():
+    with pytest.raises(ValueError, match="not linear.*Use transport='allgather'"):
+        GradientSync(build_compressor("topk", density=0.1), transport="allreduce")
+    with pytest.raises(
+        ValueError, match="unknown transport 'ring'; valid transports: auto, allreduce, allgather"
+    ):
+        GradientSync(build_compressor("identity"), transport="ring")
+
+
+def test_world_size_one_is_a_no_op():
+    grads = _grads(0)
+    before = [t.clone() for _, t in grads]
+    sync = GradientSync(build_compressor("topk", density=0.5), error_feedback=True)
+    sync.sync(grads)
+    assert sync.stats.bits_sent == 0 and sync.stats.calls == {}
+    for (_, t), b in zip(grads, before, strict=True):
+        kept = t != 0
+        assert torch.equal(t[kept], b[kept])  # the compressed value itself, nothing communicated
+
+
+# -- DDP comm hook against the explicit path -------------------------------------------------------
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(12, 16), nn.ReLU(), nn.Linear(16, 5))
+
+
+def _ddp_vs_explicit(rank: int, world: int) -> dict:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from common.comm import install_ddp_hook
+
+    data = torch.randn(6, 4, 12, generator=torch.Generator().manual_seed(rank))
+    target = torch.randint(0, 5, (6, 4), generator=torch.Generator().manual_seed(50 + rank))
+
+    hooked = DDP(_model())
+    hook_sync = install_ddp_hook(hooked, "topk", density=0.1, error_feedback=True, seed=3)
+    explicit = _model()
+    explicit_sync = GradientSync(
+        build_compressor("topk", density=0.1), error_feedback=True, seed=3, bucket_numel=10**9
+    )
+    opt_h = torch.optim.SGD(hooked.parameters(), lr=0.1, momentum=0.9)
+    opt_e = torch.optim.SGD(explicit.parameters(), lr=0.1, momentum=0.9)
+    for step in range(6):
+        for model, opt in ((hooked, opt_h), (explicit, opt_e)):
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(data[step]), target[step]).backward()
+            if model is explicit:
+                explicit_sync.sync_gradients(explicit)
+            opt.step()
+    return {
+        "hooked": [p.detach().clone() for p in hooked.module.parameters()],
+        "explicit": [p.detach().clone() for p in explicit.parameters()],
+        "hook_bits": hook_sync.stats.bits_sent,
+        "explicit_bits": explicit_sync.stats.bits_sent,
+        "hook_steps": hook_sync.stats.steps,
+        "residual_keys": sorted(hook_sync.error_feedback.residuals),
+        "world": dist.get_world_size(),
+    }
+
+
+def test_ddp_hook_equals_explicit_path(tmp_path):
+    res = run_ranks(_ddp_vs_explicit, 2, tmp_path=tmp_path)
+    for r in res:
+        for h, e in zip(r["hooked"], r["explicit"], strict=True):
+            torch.testing.assert_close(h, e, rtol=1e-6, atol=1e-7)
+        assert r["hook_bits"] == r["explicit_bits"] > 0
+        assert r["hook_steps"] == 6
+        assert r["residual_keys"] == ["0.bias", "0.weight", "2.bias", "2.weight"]
+    # ranks stay identical
+    for a, b in zip(res[0]["hooked"], res[1]["hooked"], strict=True):
+        assert torch.equal(a, b)

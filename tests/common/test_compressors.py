@@ -1,0 +1,153 @@
+"""The invariants every registered compressor must satisfy, plus per-method properties."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from common.compressors import COMPRESSORS, CompressorRNG, TopK, build_compressor
+
+SIZES = [1, 7, 1023, 4097]
+
+# One configuration per registered name (several for compressors with variants).
+CONFIGS = {
+    "identity": [{}],
+    "fp16": [{}],
+    "bf16": [{}],
+    "topk": [{"density": 0.01}, {"density": 0.5}],
+    "randomk": [
+        {"density": 0.1},
+        {"density": 0.1, "scaled": False},
+        {"density": 0.1, "shared_indices": False},
+    ],
+}
+CASES = [(name, opts) for name, options in CONFIGS.items() for opts in options]
+
+
+def test_every_registered_compressor_is_covered():
+    assert set(CONFIGS) == set(COMPRESSORS)
+
+
+def _ids(case):
+    name, opts = case
+    return name + "".join(f"-{k}={v}" for k, v in opts.items())
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+@pytest.mark.parametrize("numel", SIZES)
+@pytest.mark.parametrize("shape_kind", ["flat", "2d"])
+def test_round_trip_shape_dtype_and_bits(case, numel, shape_kind):
+    name, opts = case
+    comp = build_compressor(name, **opts)
+    shape = (numel,) if shape_kind == "flat" or numel == 1 else (numel, 1) if numel % 3 else (3, numel // 3)
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(numel))
+    payload = comp.compress(x, CompressorRNG(seed=1, rank=0))
+    out = comp.decompress(payload)
+    assert out.shape == x.shape and out.dtype == x.dtype
+    wire_bytes = sum(t.numel() * t.element_size() for t in payload.wire.values())
+    assert payload.num_bits == 8 * wire_bytes
+    assert all(t.dim() == 1 for t in payload.wire.values())
+    # nothing on the wire may be larger than the dense fp32 tensor plus int32 indices of every entry
+    assert payload.num_bits <= 64 * numel
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+def test_global_rng_untouched_and_same_seed_same_payload(case):
+    name, opts = case
+    comp = build_compressor(name, **opts)
+    x = torch.randn(4097, generator=torch.Generator().manual_seed(0))
+    before = torch.random.get_rng_state()
+    p1 = comp.compress(x, CompressorRNG(seed=3, rank=1))
+    p2 = comp.compress(x, CompressorRNG(seed=3, rank=1))
+    assert torch.equal(torch.random.get_rng_state(), before)
+    assert p1.wire.keys() == p2.wire.keys()
+    for key in p1.wire:
+        assert torch.equal(p1.wire[key], p2.wire[key])
+    assert torch.equal(comp.decompress(p1), comp.decompress(p2))
+
+
+def test_bits_on_wire_per_method():
+    x = torch.randn(1000)
+    rng = CompressorRNG(0, 0)
+    assert build_compressor("identity").compress(x, rng).num_bits == 32 * 1000
+    assert build_compressor("fp16").compress(x, rng).num_bits == 16 * 1000
+    assert build_compressor("bf16").compress(x, rng).num_bits == 16 * 1000
+    assert build_compressor("topk", density=0.01).compress(x, rng).num_bits == 10 * (32 + 32)
+    assert build_compressor("randomk", density=0.01).compress(x, rng).num_bits == 10 * 32  # indices shared
+    assert (
+        build_compressor("randomk", density=0.01, shared_indices=False).compress(x, rng).num_bits == 10 * 64
+    )
+
+
+@pytest.mark.parametrize("numel", SIZES)
+@pytest.mark.parametrize("density", [0.001, 0.01, 0.3, 1.0])
+def test_topk_keeps_the_largest_magnitudes(numel, density):
+    x = torch.randn(numel, generator=torch.Generator().manual_seed(numel))
+    out = TopK(density).decompress(TopK(density).compress(x, CompressorRNG(0, 0)))
+    k = max(1, math.ceil(density * numel - 1e-9))
+    kept = out != 0
+    assert int(kept.sum()) == k
+    assert torch.equal(out[kept], x[kept])  # kept entries are exact
+    if k < numel:
+        assert x[kept].abs().min() >= x[~kept].abs().max()
+
+
+def test_randomk_scaled_is_unbiased_in_expectation():
+    x = torch.randn(64, generator=torch.Generator().manual_seed(0))
+    comp = build_compressor("randomk", density=0.25)
+    rng = CompressorRNG(seed=0, rank=0)
+    draws = 4000
+    mean = sum(comp.decompress(comp.compress(x, rng)) for _ in range(draws)) / draws
+    # per entry: value (n/k) x with prob k/n, else 0 -> variance x^2 (n/k - 1)
+    sigma = x.abs() * math.sqrt(64 / 16 - 1) / math.sqrt(draws)
+    assert torch.all((mean - x).abs() <= 4 * sigma + 1e-6)
+
+
+def test_randomk_unscaled_keeps_exact_values_and_is_biased_flagged():
+    x = torch.randn(100)
+    comp = build_compressor("randomk", density=0.1, scaled=False)
+    out = comp.decompress(comp.compress(x, CompressorRNG(0, 0)))
+    kept = out != 0
+    assert int(kept.sum()) == 10 and torch.equal(out[kept], x[kept])
+    assert comp.unbiased is False and build_compressor("randomk", density=0.1).unbiased is True
+
+
+def test_randomk_shared_indices_agree_across_ranks_local_ones_do_not():
+    x = torch.randn(1000)
+    shared = build_compressor("randomk", density=0.05)
+    a = shared.compress(x, CompressorRNG(seed=5, rank=0)).local["indices"]
+    b = shared.compress(x, CompressorRNG(seed=5, rank=3)).local["indices"]
+    assert torch.equal(a, b) and shared.linear
+    local = build_compressor("randomk", density=0.05, shared_indices=False)
+    c = local.compress(x, CompressorRNG(seed=5, rank=0)).wire["indices"]
+    d = local.compress(x, CompressorRNG(seed=5, rank=3)).wire["indices"]
+    assert not torch.equal(c, d) and not local.linear
+
+
+def test_linear_compressors_sum_payloads():
+    """For a linear compressor, decompress(sum of wire tensors) == sum of decompressions."""
+    xs = [torch.randn(513, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    # fp16 sums in fp16 (as the all-reduce does): equal up to fp16 rounding of the sum
+    for name, opts, atol in [("identity", {}, 1e-6), ("fp16", {}, 8e-3), ("randomk", {"density": 0.1}, 1e-6)]:
+        comp = build_compressor(name, **opts)
+        payloads = [comp.compress(x, CompressorRNG(seed=9, rank=r)) for r, x in enumerate(xs)]
+        summed = payloads[0].with_wire({k: sum(p.wire[k] for p in payloads) for k in payloads[0].wire})
+        expected = sum(comp.decompress(p) for p in payloads)
+        torch.testing.assert_close(comp.decompress(summed), expected, rtol=0, atol=atol)
+
+
+@pytest.mark.parametrize("density", [0, -0.1, 1.5, float("nan"), "0.1", True])
+def test_density_outside_unit_interval_is_rejected(density):
+    with pytest.raises(ValueError, match=r"density must be a number in \(0, 1\]"):
+        build_compressor("topk", density=density)
+
+
+def test_unknown_name_and_option_errors_list_the_valid_ones():
+    with pytest.raises(
+        ValueError, match="unknown compressor 'tpok'; valid names: bf16, fp16, identity, randomk, topk"
+    ):
+        build_compressor("tpok")
+    with pytest.raises(ValueError, match="unknown option.*ratio.*allowed: density"):
+        build_compressor("topk", ratio=0.1)
