@@ -1,0 +1,348 @@
+"""Models shared by several papers, behind one plain-dict registry.
+
+Every model is a plain ``nn.Module`` whose ``forward`` returns a logits tensor: ``[B, num_classes]``
+for the image models (input ``[B, C, H, W]``; the MLP also takes it and flattens), ``[B, T, V]`` for
+the language models (input int64 token ids ``[B, T]``). Nothing here picks a device: move the model
+with ``.to(device)``. Parameters are initialised from torch's global RNG, so callers seed with
+``torch.manual_seed`` before ``build_model`` and the same seed gives identical parameters.
+
+>>> model = build_model("lenet5")  # MNIST: 1 x 28 x 28, 10 classes
+>>> count_parameters(model)
+61706
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from common.registry import lookup
+
+__all__ = ["MODELS", "build_model", "count_parameters"]
+
+# ----------------------------------------------------------------------------------------- images
+
+
+class MLP(nn.Module):
+    """Flatten -> (Linear -> ReLU) per hidden size -> Linear to ``num_classes``."""
+
+    def __init__(
+        self,
+        *,
+        num_classes: int,
+        in_channels: int,
+        image_size: int,
+        hidden_sizes: Sequence[int] = (512, 256),
+    ) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [nn.Flatten()]
+        width = in_channels * image_size * image_size
+        for hidden in hidden_sizes:
+            layers += [nn.Linear(width, hidden), nn.ReLU()]
+            width = hidden
+        layers.append(nn.Linear(width, num_classes))
+        self.layers = nn.Sequential(*layers)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.layers(x)
+
+
+class LeNet5(nn.Module):
+    """LeCun et al. 1998 LeNet-5 in its usual modern form.
+
+    conv 6@5x5 -> max-pool 2 -> conv 16@5x5 -> max-pool 2 -> fc 120 -> fc 84 -> fc ``num_classes``,
+    ReLU between layers. The first conv pads by 2 on 28x28 inputs so that both MNIST (1x28x28) and
+    CIFAR (3x32x32) reach the 16x5x5 map of the paper. Deviations from the paper: ReLU instead of
+    scaled tanh, max-pooling instead of trainable subsampling, full C3 connectivity, and a linear
+    output layer instead of RBF units.
+    """
+
+    def __init__(self, *, num_classes: int, in_channels: int, image_size: int) -> None:
+        super().__init__()
+        padding = 2 if image_size == 28 else 0
+        side = ((image_size + 2 * padding - 4) // 2 - 4) // 2
+        if side < 1:
+            raise ValueError(f"lenet5 needs image_size >= 28 (32 without padding), got {image_size}")
+        self.features = nn.Sequential(
+            nn.Conv2d(in_channels, 6, kernel_size=5, padding=padding),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(6, 16, kernel_size=5),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        )
+        self.classifier = nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(16 * side * side, 120),
+            nn.ReLU(),
+            nn.Linear(120, 84),
+            nn.ReLU(),
+            nn.Linear(84, num_classes),
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.classifier(self.features(x))
+
+
+def _kaiming_init(module: nn.Module) -> None:
+    """He et al. 2015 init for convs (fan-out, as torchvision); BatchNorm to identity."""
+    for m in module.modules():
+        if isinstance(m, nn.Conv2d):
+            nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+        elif isinstance(m, nn.BatchNorm2d):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+
+
+class _BasicBlock(nn.Module):
+    """Two 3x3 conv-BN layers; option-A shortcut (He et al. 2016, Sec. 4.2).
+
+    Where the block halves the resolution and doubles the channels, the shortcut subsamples the input
+    by 2 and zero-pads the new channels, so it adds no parameters.
+    """
+
+    def __init__(self, in_planes: int, planes: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_planes, planes, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, stride=1, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.stride = stride
+        self.pad_channels = planes - in_planes
+        assert self.pad_channels >= 0 and self.pad_channels % 2 == 0
+
+    def shortcut(self, x: Tensor) -> Tensor:
+        if self.stride == 1 and self.pad_channels == 0:
+            return x
+        x = x[:, :, :: self.stride, :: self.stride]
+        half = self.pad_channels // 2
+        return F.pad(x, (0, 0, 0, 0, half, half))
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return F.relu(out + self.shortcut(x))
+
+
+class ResNet20(nn.Module):
+    """He et al. 2016 CIFAR ResNet-20 (Sec. 4.2): 6n+2 layers with n = 3, option-A shortcuts.
+
+    conv 16@3x3 -> 3 stages of 3 basic blocks (16, 32, 64 channels; stages 2 and 3 start with
+    stride 2) -> global average pool -> fc. 0.27M parameters, as in the paper's Table 6.
+    """
+
+    def __init__(self, *, num_classes: int, in_channels: int) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(
+            nn.Conv2d(in_channels, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU()
+        )
+        blocks: list[nn.Module] = []
+        in_planes = 16
+        for planes, first_stride in ((16, 1), (32, 2), (64, 2)):
+            for i in range(3):
+                blocks.append(_BasicBlock(in_planes, planes, first_stride if i == 0 else 1))
+                in_planes = planes
+        self.blocks = nn.Sequential(*blocks)
+        self.fc = nn.Linear(64, num_classes)
+        _kaiming_init(self)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = self.blocks(self.stem(x))
+        return self.fc(out.mean(dim=(2, 3)))
+
+
+class VGGSmall(nn.Module):
+    """A small VGG-style CNN for 32x32 inputs, with BatchNorm.
+
+    conv 64 - conv 64 - pool - conv 128 - conv 128 - pool - conv 256 - pool - fc, every conv 3x3 and
+    followed by BatchNorm and ReLU. ``width`` multiplies every channel count (0.125 gives 8-8-16-16-32
+    for smoke tests).
+    """
+
+    def __init__(self, *, num_classes: int, in_channels: int, image_size: int, width: float = 1.0) -> None:
+        super().__init__()
+        if width <= 0:
+            raise ValueError(f"vgg_small width must be > 0, got {width}")
+        if image_size < 8:
+            raise ValueError(f"vgg_small needs image_size >= 8 (three 2x poolings), got {image_size}")
+        layers: list[nn.Module] = []
+        channels = in_channels
+        for spec in (64, 64, "pool", 128, 128, "pool", 256, "pool"):
+            if spec == "pool":
+                layers.append(nn.MaxPool2d(2))
+                continue
+            assert isinstance(spec, int)
+            out = max(1, round(spec * width))
+            layers += [nn.Conv2d(channels, out, 3, padding=1, bias=False), nn.BatchNorm2d(out), nn.ReLU()]
+            channels = out
+        self.features = nn.Sequential(*layers)
+        side = image_size // 8
+        self.fc = nn.Linear(channels * side * side, num_classes)
+        _kaiming_init(self)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc(torch.flatten(self.features(x), 1))
+
+
+# -------------------------------------------------------------------------------------- language
+
+
+class LSTMLanguageModel(nn.Module):
+    """Word-level LSTM language model (as PyTorch's word_language_model example, Zaremba et al. 2014).
+
+    embedding -> dropout -> LSTM(``num_layers``, dropout between layers) -> dropout -> linear to the
+    vocabulary. ``tie_weights`` shares the embedding and output matrices (Press & Wolf 2017; needs
+    ``embed_dim == hidden_dim``).
+
+    Stateless: the hidden state starts at zero on every forward and is not returned, so consecutive
+    batches are independent sequences (no hidden state carried across truncated-BPTT windows).
+    """
+
+    def __init__(
+        self,
+        *,
+        vocab_size: int,
+        embed_dim: int = 200,
+        hidden_dim: int = 200,
+        num_layers: int = 2,
+        dropout: float = 0.2,
+        tie_weights: bool = False,
+    ) -> None:
+        super().__init__()
+        if tie_weights and embed_dim != hidden_dim:
+            raise ValueError(
+                f"lstm_lm tie_weights needs embed_dim == hidden_dim, got {embed_dim} and {hidden_dim}"
+            )
+        self.embedding = nn.Embedding(vocab_size, embed_dim)
+        # nn.LSTM warns when given inter-layer dropout with a single layer, where it does nothing.
+        inter_layer_dropout = dropout if num_layers > 1 else 0.0
+        self.lstm = nn.LSTM(
+            embed_dim, hidden_dim, num_layers=num_layers, dropout=inter_layer_dropout, batch_first=True
+        )
+        self.dropout = nn.Dropout(dropout)
+        self.decoder = nn.Linear(hidden_dim, vocab_size)
+        # The word_language_model example's init: U(-0.1, 0.1) embeddings and output, zero output bias.
+        nn.init.uniform_(self.embedding.weight, -0.1, 0.1)
+        nn.init.uniform_(self.decoder.weight, -0.1, 0.1)
+        nn.init.zeros_(self.decoder.bias)
+        if tie_weights:
+            self.decoder.weight = self.embedding.weight
+
+    def forward(self, x: Tensor) -> Tensor:
+        hidden, _ = self.lstm(self.dropout(self.embedding(x)))
+        return self.decoder(self.dropout(hidden))
+
+
+class GPT2LanguageModel(nn.Module):
+    """A small GPT-2 (Radford et al. 2019) from ``transformers.GPT2LMHeadModel``, randomly initialised.
+
+    ``forward(input_ids [B, T])`` returns the logits ``[B, T, V]`` as a plain tensor (no cache, no
+    loss). ``dropout`` sets the embedding, attention and residual dropout. Nothing is downloaded:
+    only a config is built, never ``from_pretrained``. The output matrix is tied to the token
+    embedding, as in GPT-2.
+    """
+
+    def __init__(
+        self,
+        *,
+        vocab_size: int,
+        n_layer: int = 2,
+        n_head: int = 2,
+        n_embd: int = 128,
+        n_positions: int = 256,
+        dropout: float = 0.1,
+    ) -> None:
+        super().__init__()
+        if n_embd % n_head != 0:
+            raise ValueError(f"gpt2_small n_embd ({n_embd}) must be divisible by n_head ({n_head})")
+        # Imported here: importing transformers takes seconds, and only this model needs it.
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        config = GPT2Config(
+            vocab_size=vocab_size,
+            n_positions=n_positions,
+            n_embd=n_embd,
+            n_layer=n_layer,
+            n_head=n_head,
+            resid_pdrop=dropout,
+            embd_pdrop=dropout,
+            attn_pdrop=dropout,
+            use_cache=False,
+            # GPT-2's special-token id (50256) lies outside a small vocabulary and makes transformers
+            # warn; these models never generate, so they need no BOS/EOS token.
+            bos_token_id=None,
+            eos_token_id=None,
+        )
+        self.n_positions = n_positions
+        self.gpt2 = GPT2LMHeadModel(config)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.shape[-1] > self.n_positions:
+            raise ValueError(f"sequence length {x.shape[-1]} exceeds n_positions={self.n_positions}")
+        logits = self.gpt2(input_ids=x, use_cache=False).logits
+        assert logits is not None
+        return logits
+
+
+# -------------------------------------------------------------------------------------- registry
+
+MODELS: dict[str, Callable[..., nn.Module]] = {
+    "mlp": MLP,
+    "lenet5": LeNet5,
+    "resnet20": ResNet20,
+    "vgg_small": VGGSmall,
+    "lstm_lm": LSTMLanguageModel,
+    "gpt2_small": GPT2LanguageModel,
+}
+
+_COMMON_ARGS = ("num_classes", "in_channels", "image_size", "vocab_size")
+
+
+def build_model(
+    name: str,
+    *,
+    num_classes: int = 10,
+    in_channels: int = 1,
+    image_size: int = 28,
+    vocab_size: int | None = None,
+    **kwargs: Any,
+) -> nn.Module:
+    """Build the model registered as ``name``.
+
+    ``num_classes``, ``in_channels`` and ``image_size`` go to the image models, ``vocab_size`` to the
+    language models (required there); ``kwargs`` are the model's own options (e.g. ``hidden_sizes``,
+    ``width``, ``hidden_dim``, ``n_layer``). Unknown names or options raise ``ValueError`` listing
+    the valid ones; a ``vocab_size`` given to an image model is ignored with a warning.
+    """
+    builder = lookup(MODELS, name, "model")
+    accepted = inspect.signature(builder).parameters
+    options = sorted(p for p in accepted if p not in _COMMON_ARGS)
+    unknown = sorted(set(kwargs) - set(options))
+    if unknown:
+        raise ValueError(
+            f"unknown option(s) for model {name!r}: {', '.join(unknown)}; "
+            f"allowed: {', '.join(options) or '(none)'}"
+        )
+    common: dict[str, Any] = {
+        "num_classes": num_classes,
+        "in_channels": in_channels,
+        "image_size": image_size,
+        "vocab_size": vocab_size,
+    }
+    if "vocab_size" in accepted:
+        if vocab_size is None:
+            raise ValueError(f"model {name!r} is a language model and needs vocab_size")
+    elif vocab_size is not None:
+        warnings.warn(f"vocab_size={vocab_size} is ignored by model {name!r}", stacklevel=2)
+    return builder(**{k: v for k, v in common.items() if k in accepted}, **kwargs)
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of scalar parameters; a tensor shared by several modules (tied weights) counts once."""
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,200 @@
+"""Behaviour of the shared models: shapes, gradients, seeding, parameter counts and errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from common.models import MODELS, build_model, count_parameters
+
+VOCAB = 50
+SEQ_LEN = 6
+
+# Tiny sizes per model so that the whole file runs in seconds on 2 CPU cores.
+CASES: dict[str, dict[str, Any]] = {
+    "mlp": dict(hidden_sizes=(32, 16)),
+    "lenet5": dict(),
+    "lenet5_cifar": dict(in_channels=3, image_size=32),
+    "resnet20": dict(in_channels=3, image_size=32),
+    "vgg_small": dict(in_channels=3, image_size=32, width=0.125),
+    "lstm_lm": dict(vocab_size=VOCAB, embed_dim=16, hidden_dim=16),
+    "gpt2_small": dict(vocab_size=VOCAB, n_layer=1, n_head=2, n_embd=16, n_positions=16),
+}
+
+
+def _model_name(case: str) -> str:
+    return case.removesuffix("_cifar")
+
+
+def _build(case: str, seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return build_model(_model_name(case), **CASES[case])
+
+
+def _inputs(case: str, batch: int, seed: int = 123) -> Tensor:
+    g = torch.Generator().manual_seed(seed)
+    kwargs = CASES[case]
+    if "vocab_size" in kwargs:
+        return torch.randint(0, VOCAB, (batch, SEQ_LEN), generator=g)
+    size = kwargs.get("image_size", 28)
+    return torch.randn(batch, kwargs.get("in_channels", 1), size, size, generator=g)
+
+
+def _expected_shape(case: str, batch: int) -> tuple[int, ...]:
+    return (batch, SEQ_LEN, VOCAB) if "vocab_size" in CASES[case] else (batch, 10)
+
+
+def test_every_registered_model_is_tested() -> None:
+    assert {_model_name(c) for c in CASES} == set(MODELS)
+
+
+@pytest.mark.parametrize("batch", [1, 2, 7])
+@pytest.mark.parametrize("case", CASES)
+def test_output_shape(case: str, batch: int) -> None:
+    model = _build(case)
+    for mode in (True, False):
+        model.train(mode)
+        out = model(_inputs(case, batch))
+        assert isinstance(out, Tensor)
+        assert out.shape == _expected_shape(case, batch)
+        assert out.dtype == torch.float32
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_backward_gives_finite_nonzero_gradient_for_every_parameter(case: str) -> None:
+    model = _build(case).train()
+    x = _inputs(case, batch=2)
+    logits = model(x)
+    targets = torch.randint(
+        0, logits.shape[-1], logits.shape[:-1], generator=torch.Generator().manual_seed(1)
+    )
+    F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)).backward()
+    for name, p in model.named_parameters():
+        assert p.requires_grad, name
+        assert p.grad is not None, f"{name} got no gradient"
+        assert torch.isfinite(p.grad).all(), name
+        assert p.grad.abs().sum() > 0, f"{name} has an all-zero gradient"
+
+
+def _same_parameters(a: nn.Module, b: nn.Module) -> bool:
+    return all(torch.equal(p, q) for p, q in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_seed_determines_parameters_and_outputs(case: str) -> None:
+    a, b, c = _build(case, seed=0), _build(case, seed=0), _build(case, seed=1)
+    assert _same_parameters(a, b)
+    assert not _same_parameters(a, c)
+    x = _inputs(case, batch=2)
+    for m in (a, b, c):
+        m.eval()
+    with torch.no_grad():
+        assert torch.equal(a(x), b(x))
+        assert not torch.allclose(a(x), c(x))
+
+
+def test_lstm_lm_is_stateless() -> None:
+    model = _build("lstm_lm").eval()
+    x = _inputs("lstm_lm", batch=3)
+    with torch.no_grad():
+        first = model(x)
+        model(_inputs("lstm_lm", batch=3, seed=7))  # a different batch in between changes nothing
+        second = model(x)
+    assert torch.equal(first, second)
+
+
+def test_language_models_are_causal() -> None:
+    # Changing the last token must leave the logits at every earlier position unchanged.
+    for case in ("lstm_lm", "gpt2_small"):
+        model = _build(case).eval()
+        x = _inputs(case, batch=2)
+        y = x.clone()
+        y[:, -1] = (y[:, -1] + 1) % VOCAB
+        with torch.no_grad():
+            out_x, out_y = model(x), model(y)
+        torch.testing.assert_close(out_x[:, :-1], out_y[:, :-1])
+        assert not torch.allclose(out_x[:, -1], out_y[:, -1])
+
+
+def test_lenet5_mnist_parameter_count() -> None:
+    # conv1  1*6*5*5 + 6      =    156   (pad 2: 28x28 -> 28x28, pool -> 14x14)
+    # conv2  6*16*5*5 + 16    =  2,416   (14x14 -> 10x10, pool -> 5x5)
+    # fc1    16*5*5*120 + 120 = 48,120
+    # fc2    120*84 + 84      = 10,164
+    # fc3    84*10 + 10       =    850
+    # total                   = 61,706
+    assert count_parameters(build_model("lenet5")) == 61_706
+    # CIFAR: conv1 gains 2 input channels (+300) and no padding is needed for 32x32.
+    assert count_parameters(build_model("lenet5", in_channels=3, image_size=32)) == 62_006
+
+
+def test_resnet20_parameter_count_matches_paper() -> None:
+    # He et al. 2016, Table 6: 0.27M. Option-A shortcuts add no parameters.
+    num_params = count_parameters(build_model("resnet20", in_channels=3, image_size=32))
+    assert 260_000 <= num_params <= 280_000
+
+
+def test_mlp_parameter_count() -> None:
+    # 784*512+512 + 512*256+256 + 256*10+10
+    assert count_parameters(build_model("mlp")) == 401_920 + 131_328 + 2_570
+
+
+def test_vgg_small_width_scales_channels() -> None:
+    full = count_parameters(build_model("vgg_small", in_channels=3, image_size=32))
+    tiny = count_parameters(build_model("vgg_small", in_channels=3, image_size=32, width=0.125))
+    assert tiny < full / 30
+
+
+def test_tied_weights_are_counted_once() -> None:
+    untied = count_parameters(build_model("lstm_lm", vocab_size=VOCAB, embed_dim=16, hidden_dim=16))
+    tied = count_parameters(
+        build_model("lstm_lm", vocab_size=VOCAB, embed_dim=16, hidden_dim=16, tie_weights=True)
+    )
+    assert untied - tied == VOCAB * 16
+    model = build_model("lstm_lm", vocab_size=VOCAB, embed_dim=16, hidden_dim=16, tie_weights=True)
+    assert model.decoder.weight is model.embedding.weight
+
+
+def test_unknown_model_name_lists_valid_names() -> None:
+    with pytest.raises(ValueError, match="resnet21") as info:
+        build_model("resnet21")
+    for name in MODELS:
+        assert name in str(info.value)
+
+
+def test_unknown_option_names_it_and_the_allowed_ones() -> None:
+    with pytest.raises(ValueError, match="hiden_sizes") as info:
+        build_model("mlp", hiden_sizes=(8,))
+    assert "hidden_sizes" in str(info.value)
+    with pytest.raises(ValueError, match="width") as info:
+        build_model("resnet20", width=2)
+    with pytest.raises(ValueError, match="n_layers") as info:
+        build_model("gpt2_small", vocab_size=VOCAB, n_layers=1)
+    for allowed in ("n_layer", "n_head", "n_embd", "n_positions", "dropout"):
+        assert allowed in str(info.value)
+
+
+def test_lstm_tie_weights_needs_equal_dims() -> None:
+    with pytest.raises(ValueError, match="embed_dim == hidden_dim"):
+        build_model("lstm_lm", vocab_size=VOCAB, embed_dim=16, hidden_dim=32, tie_weights=True)
+
+
+@pytest.mark.parametrize("name", ["lstm_lm", "gpt2_small"])
+def test_language_models_need_vocab_size(name: str) -> None:
+    with pytest.raises(ValueError, match="vocab_size"):
+        build_model(name)
+
+
+def test_vocab_size_for_an_image_model_warns() -> None:
+    with pytest.warns(UserWarning, match="vocab_size"):
+        build_model("lenet5", vocab_size=VOCAB)
+
+
+def test_gpt2_rejects_sequences_longer_than_its_positions() -> None:
+    model = _build("gpt2_small")
+    with pytest.raises(ValueError, match="n_positions"):
+        model(torch.zeros(1, 17, dtype=torch.long))
