@@ -1,0 +1,56 @@
+"""Per-epoch sharded sampling for data-parallel training."""
+
+from __future__ import annotations
+
+import hashlib
+import operator
+
+import torch
+
+
+def _epoch_seed(seed: int, epoch: int) -> int:
+    # Hash rather than seed + epoch, so that (seed, epoch + 1) and (seed + 1, epoch) differ.
+    digest = hashlib.sha256(f"thinwire-epoch:{seed}:{epoch}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1  # fits torch.Generator.manual_seed
+
+
+def _as_int(name: str, value: int) -> int:
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be an int, got {value!r}")
+    try:
+        return operator.index(value)  # int, numpy and torch integer scalars
+    except TypeError:
+        raise ValueError(f"{name} must be an int, got {value!r}") from None
+
+
+def epoch_batches(
+    num_examples: int, batch_size: int, *, rank: int, world_size: int, seed: int, epoch: int
+) -> list[torch.Tensor]:
+    """This rank's batches of example indices for one epoch.
+
+    The permutation comes from a private ``torch.Generator`` seeded by ``(seed, epoch)`` (the global
+    RNG is not touched), so every rank computes the same one; rank ``r`` takes ``perm[r::world_size]``
+    and cuts it into full batches of ``batch_size`` (the last partial batch is dropped). Every rank
+    gets the same number of batches, ``num_examples // world_size // batch_size`` (zero when there
+    are fewer than ``world_size * batch_size`` examples), and no index appears on two ranks.
+    """
+    num_examples, batch_size = _as_int("num_examples", num_examples), _as_int("batch_size", batch_size)
+    rank, world_size = _as_int("rank", rank), _as_int("world_size", world_size)
+    seed, epoch = _as_int("seed", seed), _as_int("epoch", epoch)
+    if num_examples < 0:
+        raise ValueError(f"num_examples must be >= 0, got {num_examples}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+    if epoch < 0:
+        raise ValueError(f"epoch must be >= 0, got {epoch}")
+    # Empty when num_examples < world_size * batch_size; the caller decides whether that is an error.
+    num_batches = num_examples // world_size // batch_size
+    generator = torch.Generator(device="cpu")
+    generator.manual_seed(_epoch_seed(seed, epoch))
+    perm = torch.randperm(num_examples, generator=generator)
+    shard = perm[rank::world_size][: num_batches * batch_size]
+    return list(shard.view(num_batches, batch_size).unbind(0))
