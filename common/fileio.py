@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 
-def atomic_write(path: str | os.PathLike[str], write: Callable[[Path], None]) -> None:
+def atomic_write(path: str | os.PathLike[str], write: Callable[[Path], object]) -> None:
     """Call ``write(tmp_path)`` then rename ``tmp_path`` over ``path`` (same folder, so atomic)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,42 @@
+# thinwire: two commands.
+#   make repro   set up .venv (if needed) and run every pipeline at CPU scale (dvc repro)
+#   make test    set up .venv (if needed), lint, type-check and run the test suite
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+# Nothing is sent anywhere: DVC analytics and MLflow telemetry off.
+export DVC_NO_ANALYTICS := 1
+export ITERATIVE_DO_NOT_TRACK := 1
+export MLFLOW_DISABLE_TELEMETRY := true
+export DO_NOT_TRACK := true
+export HF_HUB_OFFLINE := 1
+# DVC stages call `python`, `torchrun` and `dvc`: the venv's.
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+
+.PHONY: setup test lint repro clean-results
+
+setup: $(STAMP)
+
+# pip finds the pinned torch wheels on local disk; its "Location ... is ignored" warnings about
+# missing local index folders are noise and filtered out.
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q -r requirements.txt 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || true; }
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | { grep -v 'is ignored: it is neither' || true; }
+	$(PY) -c "import torch, torchvision, triton, mlflow, dvc, transformers"
+	touch $@
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check common kernels pipelines tests benchmarks
+	$(VENV)/bin/ruff format --check common kernels pipelines tests benchmarks
+	$(VENV)/bin/mypy common kernels
+
+test: lint
+	$(PY) -m pytest
+
+repro: $(STAMP)
+	$(VENV)/bin/dvc config core.analytics false
+	$(VENV)/bin/dvc repro

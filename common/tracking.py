@@ -1,0 +1,165 @@
+"""MLflow tracking for rank 0 (other ranks get a no-op), robust to an unreachable server.
+
+The tracking URI comes from ``MLFLOW_TRACKING_URI``; the default is the SQLite file
+``mlflow.db`` at the repository root (``mlflow ui --backend-store-uri sqlite:///mlflow.db``).
+One experiment per pipeline, one run per stage instance. If the server cannot be reached, or any
+MLflow call fails, the run keeps training: one warning is logged and tracking switches off.
+``mlflow`` is imported lazily (it costs 1-2 s), and only on rank 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .paths import REPO_ROOT
+
+log = logging.getLogger(__name__)
+
+
+def tracking_uri() -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{REPO_ROOT / 'mlflow.db'}"
+
+
+def git_sha() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10
+        )
+        sha = out.stdout.strip() or "unknown"
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+        return f"{sha}-dirty" if dirty and sha != "unknown" else sha
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _reachable(uri: str, timeout: float = 3.0) -> bool:
+    if not uri.startswith(("http://", "https://")):
+        return True
+    try:
+        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+class Tracker:
+    """Logs params, per-step metrics, tags and artifacts to one MLflow run; never raises.
+
+    ``enabled=False`` (ranks other than 0) makes every method a no-op. Metrics are buffered and
+    sent in batches every ``flush_every`` calls so a run of thousands of steps costs a few writes.
+    """
+
+    def __init__(
+        self,
+        experiment: str,
+        run_name: str,
+        *,
+        enabled: bool = True,
+        run_id: str | None = None,
+        flush_every: int = 50,
+    ) -> None:
+        self.experiment = experiment
+        self.run_name = run_name
+        self.enabled = enabled
+        self.run_id = run_id
+        self.flush_every = flush_every
+        self._client: Any = None
+        self._pending: list[Any] = []
+
+    def _fail(self, what: str, error: BaseException) -> None:
+        log.warning(
+            "MLflow %s failed (%s: %s); continuing without tracking", what, type(error).__name__, error
+        )
+        self.enabled = False
+        self._client = None
+
+    def start(self, params: Mapping[str, Any], tags: Mapping[str, str]) -> str | None:
+        """Start (or resume, if ``run_id`` was given) the run; returns its id or None."""
+        if not self.enabled:
+            return None
+        uri = tracking_uri()
+        if not _reachable(uri):
+            log.warning("MLflow tracking server %s is unreachable; training continues without tracking", uri)
+            self.enabled = False
+            return None
+        # A server that dies mid-run must cost seconds, not minutes of retries.
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+        try:
+            from mlflow.tracking import MlflowClient
+
+            client = MlflowClient(tracking_uri=uri)
+            experiment = client.get_experiment_by_name(self.experiment)
+            if experiment is not None:
+                experiment_id = experiment.experiment_id
+            else:
+                # With a local SQLite store, artifacts go beside it (not into the stage's cwd).
+                location = (REPO_ROOT / "mlartifacts").as_uri() if uri.startswith("sqlite:") else None
+                experiment_id = client.create_experiment(self.experiment, artifact_location=location)
+            if self.run_id is None:
+                run = client.create_run(experiment_id, run_name=self.run_name, tags=dict(tags))
+                self.run_id = run.info.run_id
+                from mlflow.entities import Param
+
+                client.log_batch(self.run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
+            else:
+                client.update_run(self.run_id, status="RUNNING")
+                for key, value in tags.items():
+                    client.set_tag(self.run_id, key, value)
+            self._client = client
+            return self.run_id
+        except Exception as error:  # any MLflow or connection failure: train on
+            self._fail("start", error)
+            return None
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        if not self.enabled or self._client is None:
+            return
+        import time
+
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        self._pending.extend(Metric(k, float(v), now, step) for k, v in metrics.items())
+        if len(self._pending) >= self.flush_every:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.enabled or self._client is None or not self._pending:
+            return
+        try:
+            for start in range(0, len(self._pending), 900):  # MLflow caps a batch at 1000 metrics
+                self._client.log_batch(self.run_id, metrics=self._pending[start : start + 900])
+            self._pending = []
+        except Exception as error:
+            self._fail("log_batch", error)
+
+    def log_artifact(self, path: str | Path) -> None:
+        if not self.enabled or self._client is None:
+            return
+        try:
+            self._client.log_artifact(self.run_id, str(path))
+        except Exception as error:
+            self._fail("log_artifact", error)
+
+    def finish(self, status: str = "FINISHED") -> None:
+        if not self.enabled or self._client is None:
+            return
+        self.flush()
+        try:
+            self._client.set_terminated(self.run_id, status=status)
+        except Exception as error:
+            self._fail("set_terminated", error)

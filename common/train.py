@@ -1,0 +1,390 @@
+"""The one training loop. A sync strategy decides what crosses the wire.
+
+Run from an entry point under torchrun, e.g. (what ``pipelines/train.py`` does)::
+
+    torchrun --standalone --nproc_per_node 4 -m pipelines.train baseline fp32
+
+Each step: batch -> ``strategy.forward_backward`` -> ``strategy.after_backward`` (data parallel:
+average gradients) -> optimizer step -> ``strategy.after_step`` (decentralized: gossip).
+Checkpoints every ``checkpoint_every`` steps hold the model, optimizer, scheduler, strategy
+(residuals, generator states, counters), torch's RNG state and the curves so far, so a killed run
+restarted by torchrun continues bit-exactly. Rank 0 writes, atomically, into ``out_dir``:
+
+- ``metrics.json``: flat final numbers (accuracy, loss, bits per step, compression factor, seconds);
+- ``train_curve.csv`` / ``eval_curve.csv``: per-step curves (``dvc plots``);
+- ``plot.png``: both curves;
+- ``run.json``: MLflow run id, git sha, config fingerprint and the config.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from .checkpoint import Checkpointer
+from .comm.collectives import get_world_size
+from .comm.sync import GradientSync
+from .compressors import build_compressor
+from .config import RunConfig
+from .data import Dataset, epoch_batches, load_dataset
+from .distributed import DistContext, barrier, init_from_env, seed_everything
+from .fileio import atomic_write_json, atomic_write_text
+from .models import build_model
+from .plots import plot_curves
+from .strategies import DataParallel, SyncStrategy
+from .tracking import Tracker, git_sha
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StepInfo:
+    """What callbacks see after each step (rank-local except where noted)."""
+
+    step: int
+    total_steps: int
+    epoch: int
+    rank: int
+    loss: float  # this rank's loss at this step
+    logged: dict[str, float] = field(default_factory=dict)  # mean-over-ranks values, on log steps
+
+
+Callback = Callable[[StepInfo], None]
+
+
+# -- pieces ------------------------------------------------------------------------------------------
+
+
+def default_strategy(config: RunConfig) -> SyncStrategy:
+    """Data parallelism through ``config``'s compressor (with error feedback if asked)."""
+    compressor = build_compressor(config.compressor, **config.compressor_options)
+    sync = GradientSync(
+        compressor,
+        error_feedback=config.error_feedback,
+        transport=config.transport,
+        bucket_numel=config.bucket_numel,
+        seed=config.seed,
+    )
+    return DataParallel(sync)
+
+
+def _loss_fn(kind: str) -> Callable[[Tensor, Tensor], Tensor]:
+    if kind == "text":
+        return lambda logits, y: nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten())
+    return nn.functional.cross_entropy
+
+
+def _build_model(config: RunConfig, dataset: Dataset) -> nn.Module:
+    info = dataset.info
+    if info.kind == "text":
+        return build_model(config.model, vocab_size=info.vocab_size, **config.model_options)
+    assert info.input_shape is not None and info.num_classes is not None
+    channels, size, _ = info.input_shape
+    return build_model(
+        config.model,
+        num_classes=info.num_classes,
+        in_channels=channels,
+        image_size=size,
+        **config.model_options,
+    )
+
+
+def _optimizer(config: RunConfig, model: nn.Module) -> torch.optim.Optimizer:
+    if config.optimizer == "adamw":
+        return torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    return torch.optim.SGD(
+        model.parameters(), lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay
+    )
+
+
+def _schedule(config: RunConfig, total_steps: int) -> Callable[[int], float]:
+    warmup = config.lr_warmup_steps
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, total_steps - warmup)
+        if config.lr_schedule == "cosine":
+            return 0.5 * (1 + math.cos(math.pi * progress))
+        if config.lr_schedule == "step":
+            return 0.1 ** ((progress >= 0.5) + (progress >= 0.75))
+        return 1.0
+
+    return factor
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, dataset: Dataset, ctx: DistContext, batch_size: int) -> dict[str, float]:
+    """Loss and accuracy on ``dataset``, each rank a disjoint shard, summed over ranks.
+
+    Evaluation traffic (three numbers) is instrumentation, not training traffic: not counted.
+    """
+    model.eval()
+    loss_fn = _loss_fn(dataset.info.kind)
+    indices = torch.arange(ctx.rank, len(dataset), ctx.world_size)
+    totals = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, count
+    for batch in indices.split(batch_size):
+        x, y = dataset.get_batch(batch)
+        x, y = x.to(ctx.device), y.to(ctx.device)
+        logits = model(x)
+        n = y.numel()
+        totals[0] += float(loss_fn(logits, y)) * n
+        totals[1] += float((logits.argmax(-1) == y).sum())
+        totals[2] += n
+    if get_world_size() > 1:
+        dist.all_reduce(totals)
+    model.train()
+    loss = float(totals[0] / totals[2])
+    out = {"test_loss": loss, "test_accuracy": float(totals[1] / totals[2])}
+    if dataset.info.kind == "text":
+        out["test_perplexity"] = math.exp(min(loss, 50.0))
+    return out
+
+
+def _csv(rows: Sequence[dict[str, Any]]) -> str:
+    if not rows:
+        return ""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buffer.getvalue()
+
+
+# -- the loop ----------------------------------------------------------------------------------------
+
+
+def train(
+    config: RunConfig,
+    out_dir: str | Path,
+    *,
+    experiment: str | None = None,
+    run_name: str = "run",
+    tags: dict[str, str] | None = None,
+    strategy: SyncStrategy | None = None,
+    callbacks: Sequence[Callback] = (),
+    ctx: DistContext | None = None,
+) -> dict[str, float]:
+    """Train ``config`` on the ranks of the current process group; return the final metrics.
+
+    ``experiment`` names the MLflow experiment (None: no tracking). ``strategy`` defaults to data
+    parallelism through ``config``'s compressor.
+    """
+    out_dir = Path(out_dir)
+    ctx = ctx or init_from_env()
+    if ctx.world_size != get_world_size():
+        raise RuntimeError(
+            f"process group has {get_world_size()} ranks but the context says {ctx.world_size}"
+        )
+    train_set = load_dataset(config.dataset, "train", limit=config.train_limit, seq_len=config.seq_len)
+    test_set = load_dataset(config.dataset, "test", limit=config.eval_limit, seq_len=config.seq_len)
+    seed_everything(config.seed)  # same model initialisation on every rank
+    model = _build_model(config, train_set).to(ctx.device)
+    strategy = strategy or default_strategy(config)
+    strategy.setup(model)
+    optimizer = _optimizer(config, model)
+    steps_per_epoch = len(
+        epoch_batches(
+            len(train_set),
+            config.batch_size,
+            rank=ctx.rank,
+            world_size=ctx.world_size,
+            seed=config.seed,
+            epoch=0,
+        )
+    )
+    if steps_per_epoch == 0:
+        raise ValueError(
+            f"{len(train_set)} training examples are fewer than world_size x batch_size = "
+            f"{ctx.world_size} x {config.batch_size}: lower batch_size or raise train_limit"
+        )
+    total_steps = config.epochs * steps_per_epoch
+    if config.max_steps is not None:
+        total_steps = min(total_steps, config.max_steps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(config, total_steps))
+    loss_fn = _loss_fn(train_set.info.kind)
+
+    # -- resume --------------------------------------------------------------------------------------
+    fingerprint = config.fingerprint()
+    checkpointer = Checkpointer(out_dir / "ckpt", fingerprint, rank=ctx.rank, world_size=ctx.world_size)
+    step, elapsed, window = 0, 0.0, [0.0, 0]
+    train_rows: list[dict[str, Any]] = []
+    eval_rows: list[dict[str, Any]] = []
+    run_id: str | None = None
+    resume_step = checkpointer.latest_step()
+    if resume_step is not None:
+        state = checkpointer.load(resume_step)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        strategy.load_state_dict(state["strategy"])
+        torch.set_rng_state(state["torch_rng"])
+        step, elapsed, window = state["step"], state["elapsed"], state["window"]
+        train_rows, eval_rows, run_id = state["train_rows"], state["eval_rows"], state["mlflow_run_id"]
+
+    tracker = Tracker(
+        experiment or "", run_name, enabled=ctx.is_main and experiment is not None, run_id=run_id
+    )
+    all_tags = {
+        "git_sha": git_sha(),
+        "stage": run_name,
+        "world_size": str(ctx.world_size),
+        "backend": ctx.backend,
+        "device": str(ctx.device.type),
+        "fingerprint": fingerprint,
+        **(tags or {}),
+    }
+    run_id = tracker.start(_flat_params(config), all_tags) if ctx.is_main else None
+    barrier()  # rank 0's tracking set-up must not show up as the others' communication time
+
+    def checkpoint(complete: bool = False) -> None:
+        checkpointer.save(
+            step,
+            {
+                "step": step,
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(),
+                "strategy": strategy.state_dict(),
+                "torch_rng": torch.get_rng_state(),
+                "elapsed": elapsed,
+                "window": window,
+                "train_rows": train_rows,
+                "eval_rows": eval_rows,
+                "mlflow_run_id": run_id,
+            },
+            complete=complete,
+        )
+
+    # -- steps ---------------------------------------------------------------------------------------
+    model.train()
+    batches: list[Tensor] = []
+    batches_epoch = -1
+    try:
+        while step < total_steps:
+            start = time.perf_counter()
+            epoch, index = divmod(step, steps_per_epoch)
+            if epoch != batches_epoch:
+                batches = epoch_batches(
+                    len(train_set),
+                    config.batch_size,
+                    rank=ctx.rank,
+                    world_size=ctx.world_size,
+                    seed=config.seed,
+                    epoch=epoch,
+                )
+                batches_epoch = epoch
+            x, y = train_set.get_batch(batches[index])
+            x, y = x.to(ctx.device), y.to(ctx.device)
+            optimizer.zero_grad(set_to_none=True)
+            loss = strategy.forward_backward(model, x, y, loss_fn)
+            strategy.after_backward(model)
+            optimizer.step()
+            scheduler.step()
+            strategy.after_step(model)
+            step += 1
+            loss_value = float(loss)
+            if not math.isfinite(loss_value):
+                raise FloatingPointError(f"training loss became {loss_value} at step {step}: lower lr")
+            window[0] += loss_value
+            window[1] += 1
+            elapsed += time.perf_counter() - start
+            logged: dict[str, float] = {}
+            if step % config.log_every == 0 or step == total_steps:
+                mean_loss = torch.tensor([window[0], float(window[1])], dtype=torch.float64)
+                if ctx.world_size > 1:
+                    dist.all_reduce(mean_loss)  # instrumentation: not counted in CommStats
+                window = [0.0, 0]
+                stats = strategy.stats.summary()
+                logged = {
+                    "train_loss": float(mean_loss[0] / mean_loss[1]),
+                    "lr": float(scheduler.get_last_lr()[0]),
+                    "bits_per_step": stats["bits_per_step"],
+                    "wall_seconds": elapsed,
+                    "communicate_seconds": stats["communicate_seconds"],
+                }
+                train_rows.append({"step": step, "epoch": epoch, **logged})
+                tracker.log_metrics(logged, step)
+            if step % config.eval_every == 0 or step == total_steps:
+                strategy.before_eval(model)
+                result = evaluate(model, test_set, ctx, batch_size=max(config.batch_size, 256))
+                eval_rows.append({"step": step, "epoch": epoch, **result})
+                tracker.log_metrics(result, step)
+                logged.update(result)
+            info = StepInfo(
+                step=step, total_steps=total_steps, epoch=epoch, rank=ctx.rank, loss=loss_value, logged=logged
+            )
+            for callback in callbacks:
+                callback(info)
+            if step % config.checkpoint_every == 0 and step < total_steps:
+                checkpoint()
+        checkpoint(complete=True)
+    except BaseException:
+        tracker.finish("FAILED")
+        raise
+
+    # -- outputs (rank 0) ----------------------------------------------------------------------------
+    stats = strategy.stats.summary()
+    final = eval_rows[-1]
+    metrics: dict[str, float] = {
+        **{k: v for k, v in final.items() if k not in ("step", "epoch")},
+        "train_loss": train_rows[-1]["train_loss"],
+        "steps": float(step),
+        "epochs": float(config.epochs),
+        "world_size": float(ctx.world_size),
+        "bits_per_step": stats["bits_per_step"],
+        "dense_bits_per_step": stats["dense_bits_per_step"],
+        "compression_factor": stats["compression_factor"],
+        "wall_seconds": elapsed,
+        "communicate_seconds": stats["communicate_seconds"],
+        "compress_seconds": stats["compress_seconds"],
+        "decompress_seconds": stats["decompress_seconds"],
+    }
+    if ctx.is_main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out_dir / "train_curve.csv", _csv(train_rows))
+        atomic_write_text(out_dir / "eval_curve.csv", _csv(eval_rows))
+        plot_curves(
+            {run_name: (train_rows, eval_rows)}, out_dir / "plot.png", title=f"{experiment or ''} {run_name}"
+        )
+        atomic_write_json(out_dir / "metrics.json", {k: _json_number(v) for k, v in metrics.items()})
+        atomic_write_json(
+            out_dir / "run.json",
+            {
+                "mlflow_run_id": run_id,
+                "git_sha": all_tags["git_sha"],
+                "fingerprint": fingerprint,
+                "config": config.to_dict(),
+            },
+        )
+        tracker.log_metrics({f"final_{k}": v for k, v in metrics.items() if math.isfinite(v)}, step)
+        for name in ("metrics.json", "plot.png", "train_curve.csv", "eval_curve.csv", "run.json"):
+            tracker.log_artifact(out_dir / name)
+        tracker.finish("FINISHED")
+    return metrics
+
+
+def _json_number(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def _flat_params(config: RunConfig) -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in config.to_dict().items():
+        if isinstance(value, dict):
+            for sub, v in value.items():
+                flat[f"{key}.{sub}"] = v
+        else:
+            flat[key] = value
+    return flat

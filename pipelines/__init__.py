@@ -1,0 +1,1 @@
+"""DVC stage entry points: thin ``main()`` functions around the library."""

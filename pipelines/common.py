@@ -1,0 +1,69 @@
+"""Shared by the stage entry points: environment, params loading, logging."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from common.config import RunConfig, compose
+from common.paths import REPO_ROOT
+
+PIPELINES_DIR = REPO_ROOT / "pipelines"
+RESULTS_DIR = REPO_ROOT / "results"
+
+# Nothing is sent anywhere: DVC analytics and MLflow telemetry off in every entry point.
+QUIET_ENV = {
+    "DVC_NO_ANALYTICS": "1",
+    "ITERATIVE_DO_NOT_TRACK": "1",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "DO_NOT_TRACK": "true",
+    "HF_HUB_OFFLINE": "1",
+}
+
+
+def quiet_environment() -> None:
+    for key, value in QUIET_ENV.items():
+        os.environ.setdefault(key, value)
+
+
+def setup_logging(rank: int = 0) -> None:
+    logging.basicConfig(
+        level=logging.INFO if rank == 0 else logging.WARNING,
+        format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stderr,
+    )
+
+
+def params_path(pipeline: str) -> Path:
+    path = PIPELINES_DIR / pipeline / "params.yaml"
+    if not path.exists():
+        known = sorted(p.parent.name for p in PIPELINES_DIR.glob("*/params.yaml"))
+        raise ValueError(f"unknown pipeline {pipeline!r} (no {path}); known pipelines: {', '.join(known)}")
+    return path
+
+
+def load_params(pipeline: str) -> dict[str, Any]:
+    with params_path(pipeline).open() as f:
+        params = yaml.safe_load(f) or {}
+    if not isinstance(params, dict):
+        raise ValueError(f"{params_path(pipeline)} must hold a mapping, got {type(params).__name__}")
+    return params
+
+
+def run_config(pipeline: str, run: str, scale: str | None = None) -> RunConfig:
+    """The validated config of ``run`` in ``pipeline`` (errors name the bad key or value)."""
+    params = load_params(pipeline)
+    try:
+        return RunConfig.from_dict(compose(params, run, scale))
+    except ValueError as error:
+        raise ValueError(f"{params_path(pipeline).relative_to(REPO_ROOT)}, run {run!r}: {error}") from None
+
+
+def run_dir(pipeline: str, run: str) -> Path:
+    return RESULTS_DIR / pipeline / run

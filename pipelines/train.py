@@ -1,0 +1,76 @@
+"""One training run, on every rank (started by ``pipelines.launch`` through torchrun).
+
+    torchrun --standalone --nproc_per_node 4 -m pipelines.train baseline fp32
+
+Writes ``results/<pipeline>/<run>/`` (metrics.json, curves, plot.png, run.json, ckpt/) and logs
+to MLflow (experiment = pipeline, run name = run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+
+from common.distributed import init_from_env, shutdown
+from common.train import StepInfo, train
+from pipelines.common import load_params, quiet_environment, run_config, run_dir, setup_logging
+
+
+def progress_bar() -> Callable[[StepInfo], None]:
+    """A tqdm bar for rank 0, created at the first step (when the total is known)."""
+    from tqdm import tqdm
+
+    bar = None
+
+    def update(info: StepInfo) -> None:
+        nonlocal bar
+        if bar is None:  # initial > 0 when resumed from a checkpoint
+            interval = 1 if sys.stderr.isatty() else 15
+            bar = tqdm(
+                total=info.total_steps, initial=info.step - 1, desc="train", unit="step", mininterval=interval
+            )
+        bar.update(1)
+        if "train_loss" in info.logged:
+            bar.set_postfix(loss=f"{info.logged['train_loss']:.4f}", refresh=False)
+        if info.step == info.total_steps:
+            bar.close()
+
+    return update
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("pipeline", help="a folder of pipelines/ with a params.yaml")
+    parser.add_argument("run", help="a key of that params.yaml's `runs`")
+    parser.add_argument("--scale", default=None)
+    args = parser.parse_args(argv)
+    quiet_environment()
+    rank = int(os.environ.get("RANK", "0"))
+    setup_logging(rank)
+    config = run_config(args.pipeline, args.run, args.scale)
+    scale = args.scale or load_params(args.pipeline)["scale"]
+    ctx = init_from_env()
+    try:
+        callbacks = [progress_bar()] if ctx.is_main else []
+        metrics = train(
+            config,
+            run_dir(args.pipeline, args.run),
+            experiment=args.pipeline,
+            run_name=args.run,
+            tags={"scale": scale, "pipeline": args.pipeline},
+            callbacks=callbacks,
+            ctx=ctx,
+        )
+        if ctx.is_main:
+            print(json.dumps(metrics, indent=2))
+    finally:
+        shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""The training loop: determinism, checkpoint/resume (also after SIGKILL), outputs, failures."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from common.config import RunConfig
+from common.distributed import DistContext
+from common.paths import REPO_ROOT
+from common.train import StepInfo, train
+from pipelines.launch import RESTART_SAFE_ENV
+from tests.distributed import run_ranks
+from tests.helpers.train_once import CONFIG
+
+
+def _final_state(out: Path, rank: int) -> dict:
+    ckpt_root = out / "ckpt"
+    (fingerprint,) = [p for p in ckpt_root.iterdir() if p.is_dir()]
+    info = json.loads((fingerprint / "latest.json").read_text())
+    assert info["complete"] is True
+    return torch.load(fingerprint / f"step-{info['step']:08d}" / f"rank{rank}.pt", weights_only=False)
+
+
+def _deterministic_columns(path: Path) -> list[tuple[str, ...]]:
+    """The curve without its timing columns (wall and communication seconds differ run to run)."""
+    import csv
+
+    with path.open() as f:
+        return [(r["step"], r["train_loss"], r["lr"], r["bits_per_step"]) for r in csv.DictReader(f)]
+
+
+class Stop(Exception):
+    pass
+
+
+def _train_ranks(rank: int, world: int, out: str, stop_at: int | None) -> dict:
+    ctx = DistContext(
+        rank=rank, world_size=world, local_rank=rank, backend="gloo", device=torch.device("cpu")
+    )
+
+    def stop(info: StepInfo) -> None:
+        if info.step == stop_at:
+            raise Stop(f"stopped at {info.step}")
+
+    try:
+        metrics = train(RunConfig.from_dict(CONFIG), out, callbacks=[stop], ctx=ctx)
+    except Stop:
+        return {"stopped": True}
+    return {"metrics": metrics}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """One uninterrupted 2-rank run (48 steps) and its outputs."""
+    out = tmp_path_factory.mktemp("reference")
+    results = run_ranks(_train_ranks, 2, str(out), None, tmp_path=out)
+    return out, results
+
+
+def test_outputs_and_metrics(reference):
+    out, results = reference
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics == pytest.approx(results[0]["metrics"], nan_ok=True)
+    assert metrics["steps"] == 48 and metrics["world_size"] == 2
+    # random-k 10% with shared indices: only values cross the wire (32 bits each) -> about 10x
+    assert 9.0 <= metrics["compression_factor"] <= 10.0
+    assert metrics["test_accuracy"] > 0.25  # chance is 0.1; 48 small steps
+    assert (out / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "eval_curve.csv").read_text().startswith("step,epoch,test_loss,test_accuracy")
+    run = json.loads((out / "run.json").read_text())
+    assert run["config"]["compressor"] == "randomk" and run["mlflow_run_id"] is None
+
+
+def test_failed_run_keeps_earlier_outputs_then_resumes_bit_exact(reference, tmp_path):
+    """A finished run's outputs survive a failed rerun; the rerun then resumes from its own
+    checkpoint and ends exactly where an uninterrupted run ends (same losses, same parameters)."""
+    out, _ = reference
+    rerun = tmp_path / "rerun"
+    shutil.copytree(out, rerun)
+    before = (rerun / "metrics.json").read_text()
+    assert run_ranks(_train_ranks, 2, str(rerun), 21, tmp_path=tmp_path)[0] == {"stopped": True}
+    assert (rerun / "metrics.json").read_text() == before
+    assert not list(rerun.glob("**/*.tmp"))
+    latest = next((rerun / "ckpt").iterdir()) / "latest.json"
+    assert json.loads(latest.read_text()) == {"step": 16, "complete": False, "world_size": 2}
+    run_ranks(_train_ranks, 2, str(rerun), None, tmp_path=tmp_path)
+    for rank in range(2):
+        a, b = _final_state(out, rank), _final_state(rerun, rank)
+        assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+        ra = a["strategy"]["sync"]["error_feedback"]["residuals"]
+        rb = b["strategy"]["sync"]["error_feedback"]["residuals"]
+        assert all(torch.equal(ra[k], rb[k]) for k in ra)
+    assert _deterministic_columns(rerun / "train_curve.csv") == _deterministic_columns(
+        out / "train_curve.csv"
+    )
+
+
+def test_sigkill_restart_by_torchrun_resumes_bit_exact(reference, tmp_path):
+    out, _ = reference
+    killed = tmp_path / "killed"
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **RESTART_SAFE_ENV}
+    torchrun = Path(sys.executable).parent / "torchrun"
+    result = subprocess.run(
+        [str(torchrun), "--standalone", "--nproc_per_node=2", "--max-restarts=1",
+         str(REPO_ROOT / "tests/helpers/train_once.py"), str(killed), "--kill-at", "19"],
+        env=env, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (killed / "killed-once").exists()  # it really was killed once ...
+    assert "exitcode: -9" in result.stderr  # torchrun saw the SIGKILL and restarted the ranks
+    for rank in range(2):  # ... and still ends where the uninterrupted run ends
+        a, b = _final_state(out, rank)["model"], _final_state(killed, rank)["model"]
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    # a separately launched run with the same seed has the same losses, step by step
+    assert _deterministic_columns(killed / "train_curve.csv") == _deterministic_columns(
+        out / "train_curve.csv"
+    )
+
+
+def test_unreachable_mlflow_costs_one_warning_and_training_goes_on(tmp_path, monkeypatch, caplog):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed once the with-block ends: nothing listens there
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{port}")
+    config = RunConfig.from_dict({**CONFIG, "epochs": 1, "world_size": 1, "train_limit": 128, "compressor": "identity",
+                                  "compressor_options": {}, "error_feedback": False})  # fmt: skip
+    ctx = DistContext(rank=0, world_size=1, local_rank=0, backend="gloo", device=torch.device("cpu"))
+    with caplog.at_level(logging.WARNING):
+        metrics = train(config, tmp_path, experiment="unreachable", run_name="r", ctx=ctx)
+    warnings = [r for r in caplog.records if "unreachable" in r.getMessage()]
+    assert len(warnings) == 1 and str(port) in warnings[0].getMessage()
+    assert json.loads((tmp_path / "metrics.json").read_text())["steps"] == metrics["steps"] == 8

@@ -1,0 +1,66 @@
+"""A small training run for the resume tests, started by torchrun.
+
+    torchrun --standalone --nproc_per_node 2 --max-restarts 1 tests/helpers/train_once.py OUT [--kill-at STEP]
+
+With ``--kill-at``, rank 1 SIGKILLs itself at that step the first time (a marker file in OUT
+remembers it), so torchrun restarts both ranks and they resume from the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+from pathlib import Path
+
+from common.config import RunConfig
+from common.distributed import shutdown
+from common.train import StepInfo, train
+
+CONFIG = {
+    "dataset": "mnist",
+    "model": "mlp",
+    "model_options": {"hidden_sizes": [32]},
+    # shared-index random-k draws from the shared generator and keeps a residual: resuming must
+    # restore both exactly for the final parameters to match.
+    "compressor": "randomk",
+    "compressor_options": {"density": 0.1, "scaled": False},
+    "error_feedback": True,
+    "train_limit": 768,
+    "eval_limit": 128,
+    "batch_size": 16,
+    "epochs": 2,
+    "lr": 0.05,
+    "log_every": 4,
+    "eval_every": 12,
+    "checkpoint_every": 8,
+    "world_size": 2,
+}
+
+
+def config() -> RunConfig:
+    return RunConfig.from_dict(CONFIG)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--kill-at", type=int, default=None)
+    args = parser.parse_args()
+    out = Path(args.out)
+    marker = out / "killed-once"
+
+    def maybe_die(info: StepInfo) -> None:
+        if args.kill_at is not None and info.step == args.kill_at and info.rank == 1 and not marker.exists():
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.touch()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    try:
+        train(config(), out, callbacks=[maybe_die])
+    finally:
+        shutdown()
+
+
+if __name__ == "__main__":
+    main()
