@@ -14,6 +14,7 @@ import os
 import shutil
 import sys
 
+from common.data import load_dataset
 from pipelines.common import quiet_environment, run_config
 
 
@@ -46,7 +47,9 @@ def main(argv: list[str] | None = None) -> None:
     quiet_environment()
     try:
         config = run_config(args.pipeline, args.run, args.scale)
-    except ValueError as error:
+        # Missing or corrupt data fails here, once, not in every rank; a cold cache is filled now.
+        load_dataset(config.dataset, "test", limit=1, seq_len=config.seq_len)
+    except ValueError as error:  # DataError is a ValueError
         raise SystemExit(f"error: {error}") from None
     command = torchrun_command(args.pipeline, args.run, args.scale, config.world_size, config.max_restarts)
     for key, value in RESTART_SAFE_ENV.items():

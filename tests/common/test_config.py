@@ -1,0 +1,102 @@
+"""Bad input stops before any training, with an error that names the value and what is allowed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from common.config import RunConfig, compose
+from common.paths import REPO_ROOT
+
+
+def test_defaults_are_valid_and_fingerprint_ignores_logging_knobs():
+    a = RunConfig.from_dict({})
+    assert a.fingerprint() == RunConfig.from_dict({"log_every": 3, "eval_every": 7}).fingerprint()
+    assert a.fingerprint() != RunConfig.from_dict({"lr": 0.1}).fingerprint()
+
+
+@pytest.mark.parametrize(
+    "values,message",
+    [
+        ({"compresor": "topk"}, r"unknown run parameter\(s\) compresor; allowed: dataset, model, "),
+        (
+            {"compressor": "tpok"},
+            "unknown compressor 'tpok'; valid names: bf16, fp16, identity, randomk, topk",
+        ),
+        ({"model": "resnet21"}, "unknown model 'resnet21'; valid names: .*resnet20"),
+        (
+            {"dataset": "imagenet"},
+            "unknown dataset 'imagenet'; valid names: cifar10, fashion-mnist, mnist, ptb, tinyshakespeare",
+        ),
+        (
+            {"compressor": "topk", "compressor_options": {"density": 0}},
+            r"density must be a number in \(0, 1\]",
+        ),
+        (
+            {"compressor": "topk", "compressor_options": {"density": 1.5}},
+            r"density must be a number in \(0, 1\] \(the fraction of entries kept\), got 1.5",
+        ),
+        (
+            {"compressor": "topk", "compressor_options": {"ratio": 0.1}},
+            "unknown option.*ratio.*allowed: density",
+        ),
+        ({"batch_size": 0}, "batch_size must be a positive integer, got 0"),
+        ({"lr": -1}, "lr must be a positive number, got -1"),
+        ({"optimizer": "lamb"}, "unknown optimizer 'lamb'; valid: sgd, adamw"),
+        ({"transport": "ring"}, "unknown transport 'ring'; valid transports: auto, allreduce, allgather"),
+    ],
+)
+def test_bad_run_parameters_are_rejected(values, message):
+    with pytest.raises(ValueError, match=message):
+        RunConfig.from_dict(values)
+
+
+def test_compose_layers_and_errors():
+    params = {
+        "scale": "cpu",
+        "defaults": {"lr": 0.1, "epochs": 1},
+        "scales": {"cpu": {"epochs": 2}, "smoke": {"epochs": 1, "max_steps": 3}},
+        "runs": {"a": {"lr": 0.2}},
+    }
+    assert compose(params, "a") == {"lr": 0.2, "epochs": 2}
+    assert compose(params, "a", "smoke") == {"lr": 0.2, "epochs": 1, "max_steps": 3}
+    with pytest.raises(ValueError, match="unknown run 'b'; valid names: a"):
+        compose(params, "b")
+    with pytest.raises(ValueError, match="unknown scale 'gpu'; valid names: cpu, smoke"):
+        compose(params, "a", "gpu")
+    with pytest.raises(ValueError, match=r"unknown top-level key\(s\) run in params"):
+        compose({**params, "run": {}}, "a")
+
+
+def _launch(*args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "pipelines.launch", *args],
+        cwd=REPO_ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_launcher_refuses_before_starting_any_worker(tmp_path):
+    result = _launch("baseline", "nope")
+    assert result.returncode != 0
+    assert "unknown run 'nope'; valid names: fp16, fp32, topk1_ef" in result.stderr
+    assert "torchrun" not in result.stderr.lower()
+    result = _launch("nonexistent", "fp32")
+    assert (
+        result.returncode != 0
+        and "unknown pipeline 'nonexistent'" in result.stderr
+        and "baseline" in result.stderr
+    )
+
+
+def test_launcher_names_the_data_folder_it_looked_in(tmp_path):
+    result = _launch("baseline", "fp32", THINWIRE_DATA=str(tmp_path), THINWIRE_CACHE=str(tmp_path / "cache"))
+    assert result.returncode != 0
+    assert str(tmp_path) in result.stderr and "THINWIRE_DATA" in result.stderr
+    assert "train-images-idx3-ubyte.gz" in result.stderr
