@@ -1,0 +1,40 @@
+"""The layout rules of STYLE.md that a machine can check."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from common.paths import REPO_ROOT
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_library_never_imports_papers_or_pipelines():
+    offenders = [
+        f"{path.relative_to(REPO_ROOT)} imports {sorted(bad)}"
+        for package in ("common", "kernels")
+        for path in (REPO_ROOT / package).rglob("*.py")
+        if (bad := _imports(path) & {"papers", "pipelines", "benchmarks", "tests"})
+    ]
+    assert offenders == []
+
+
+def test_library_never_prints():
+    offenders = []
+    for package in ("common", "kernels"):
+        for path in (REPO_ROOT / package).rglob("*.py"):
+            tree = ast.parse(path.read_text())
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "print":
+                    offenders.append(f"{path.relative_to(REPO_ROOT)}:{node.lineno}")
+    assert offenders == [], "library code logs, never prints"
