@@ -1,0 +1,43 @@
+"""Fused GPU kernels for gradient compression, each beside a pure-torch reference.
+
+One folder per op: ``reference.py`` (pure torch, any device, the specification), ``triton.py`` (the
+kernel, imported lazily on first use) and ``__init__.py`` (the public function, which checks its
+arguments and dispatches on ``backend="auto" | "reference" | "triton"``; see ``kernels._dispatch``).
+Randomness comes only from explicit noise tensors or generators, never the global RNG.
+
+| op folder          | public functions                                                  | paper       |
+|--------------------|-------------------------------------------------------------------|-------------|
+| ``pack_bits``      | ``pack_bits``, ``unpack_bits``                                    | all         |
+| ``ternarize``      | ``ternarize``, ``ternary_decode_accumulate``                      | TernGrad    |
+| ``qsgd_quantize``  | ``qsgd_quantize``, ``qsgd_dequantize``, ``qsgd_dequantize_accumulate`` | QSGD   |
+| ``threshold_select`` | ``threshold_select``, ``estimate_threshold``                    | DGC, ExDyna |
+| ``ef_update``      | ``ef_update``, ``ef_mask``                                        | DGC         |
+| ``masked_compact`` | ``masked_compact``, ``masked_scatter``, ``mask_to_indices``       | sparse AxoNN |
+"""
+
+from kernels._dispatch import BACKENDS, Backend
+from kernels.ef_update import ef_mask, ef_update
+from kernels.masked_compact import mask_to_indices, masked_compact, masked_scatter
+from kernels.pack_bits import pack_bits, unpack_bits
+from kernels.qsgd_quantize import qsgd_dequantize, qsgd_dequantize_accumulate, qsgd_quantize
+from kernels.ternarize import ternarize, ternary_decode_accumulate
+from kernels.threshold_select import estimate_threshold, threshold_select
+
+__all__ = [
+    "BACKENDS",
+    "Backend",
+    "ef_mask",
+    "ef_update",
+    "estimate_threshold",
+    "mask_to_indices",
+    "masked_compact",
+    "masked_scatter",
+    "pack_bits",
+    "qsgd_dequantize",
+    "qsgd_dequantize_accumulate",
+    "qsgd_quantize",
+    "ternarize",
+    "ternary_decode_accumulate",
+    "threshold_select",
+    "unpack_bits",
+]

@@ -1,0 +1,126 @@
+"""Backend choice and argument checks shared by every op in ``kernels/``.
+
+Every public kernel function takes ``backend="reference" | "triton" | "auto"``:
+
+- ``"reference"``: the pure-torch implementation (any device).
+- ``"auto"`` (default): the Triton kernel when the tensors are on CUDA and ``triton`` imports,
+  the reference otherwise.
+- ``"triton"``: the Triton kernel on CUDA; on other devices only when ``TRITON_INTERPRET=1`` (the
+  Triton interpreter, used by the tests on CPU). Anything else is a ``RuntimeError``: an explicit
+  request for a kernel that cannot run is not silently served by the reference.
+
+``TRITON_INTERPRET`` is read by ``@triton.jit`` when a kernel is *defined*, so it must be set before
+the first Triton call; the ``triton.py`` modules are imported lazily, on that first call.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+from typing import Literal
+
+import torch
+
+Backend = Literal["reference", "triton", "auto"]
+BACKENDS: tuple[str, ...] = ("reference", "triton", "auto")
+
+# Kernels index with int32 offsets; the last program's offsets run up to one block past numel, so
+# leave room for the largest block (2**16) below 2**31.
+MAX_NUMEL = 2**31 - 2**16
+
+
+@functools.cache
+def triton_available() -> bool:
+    """Whether the ``triton`` package can be imported (checked once per process)."""
+    if importlib.util.find_spec("triton") is None:
+        return False
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def interpreter_enabled() -> bool:
+    """Whether ``TRITON_INTERPRET=1`` is set (Triton kernels then run on CPU tensors)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def check_backend(backend: str) -> None:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
+
+
+def use_triton(backend: str, device: torch.device) -> bool:
+    """Resolve ``backend`` for tensors on ``device``: True to run the Triton kernel."""
+    check_backend(backend)
+    if backend == "reference":
+        return False
+    native = device.type == "cuda" and triton_available()
+    if backend == "auto":
+        return native
+    if native or (interpreter_enabled() and triton_available()):
+        return True
+    raise RuntimeError(
+        f"backend='triton' needs CUDA tensors and the triton package, or TRITON_INTERPRET=1 set before "
+        f"the first kernel call (got device {device}, triton importable: {triton_available()}); "
+        f"use backend='auto' to fall back to the reference"
+    )
+
+
+def check_same_device(**tensors: torch.Tensor) -> torch.device:
+    """All tensors on one device (a Triton launch with mixed devices fails obscurely)."""
+    devices = {name: t.device for name, t in tensors.items()}
+    first = next(iter(devices.values()))
+    if any(d != first for d in devices.values()):
+        raise ValueError(f"all tensors must be on one device, got {devices}")
+    return first
+
+
+def check_numel(numel: int, name: str = "tensor") -> None:
+    if numel > MAX_NUMEL:
+        raise ValueError(f"{name} has {numel} elements; kernels index with int32 (at most {MAX_NUMEL})")
+
+
+def check_floating(x: torch.Tensor, name: str) -> None:
+    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"{name} must be float32, float16 or bfloat16, got {x.dtype}")
+
+
+def check_index_dtype(indices: torch.Tensor, name: str) -> None:
+    if indices.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"{name} must be int32 or int64, got {indices.dtype}")
+    if indices.dim() != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {tuple(indices.shape)}")
+
+
+def uniform_noise(
+    like: torch.Tensor, noise: torch.Tensor | None, generator: torch.Generator | None
+) -> torch.Tensor:
+    """The flat fp32 uniform [0, 1) numbers that drive a stochastic op.
+
+    Exactly one of ``noise`` (same shape as ``like``) and ``generator`` must be given: the global RNG
+    is never used. With a generator the numbers are drawn with ``torch.rand`` on ``like``'s device
+    (the generator must live on that device), so both backends see the same numbers.
+    """
+    if (noise is None) == (generator is None):
+        raise ValueError("pass exactly one of noise (a uniform [0, 1) tensor) and generator")
+    if noise is not None:
+        if noise.shape != like.shape:
+            raise ValueError(
+                f"noise must have the input's shape {tuple(like.shape)}, got {tuple(noise.shape)}"
+            )
+        check_floating(noise, "noise")
+        return noise.reshape(-1).to(torch.float32)
+    return torch.rand(like.numel(), generator=generator, device=like.device, dtype=torch.float32)
+
+
+def philox_seed(generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+    """A one-element int64 seed tensor for in-kernel ``tl.rand``, drawn from ``generator``.
+
+    The seed stays on the device (the kernel loads it), so drawing it costs no host synchronisation.
+    """
+    if generator is None:
+        raise ValueError("fused_rng=True draws its seed from a generator; pass generator=")
+    return torch.randint(0, 2**31 - 1, (1,), generator=generator, device=device, dtype=torch.int64)

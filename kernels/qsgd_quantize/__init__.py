@@ -1,0 +1,149 @@
+"""Bucketed stochastic QSGD quantization fused with fixed-width packing (Alistarh et al. 2017).
+
+``qsgd_quantize`` cuts v (read flat) into buckets of ``bucket_size`` elements, takes each bucket's
+l2 or max norm ``n_b`` and rounds ``|v| * s / n_b`` stochastically to one of ``s + 1`` levels
+(``s = 2**(bits-1) - 1``), unbiased: ``E[decode] = v``. Codes are ``sign << (bits-1) | level``,
+packed ``8 // bits`` per byte (layout: ``kernels.pack_bits``). Bits on the wire per tensor:
+``8 * ceil(numel * bits / 8) + 32 * ceil(numel / bucket_size)``. Not linear: payloads are decoded
+and summed (``qsgd_dequantize_accumulate``), not all-reduced.
+
+Randomness: explicit ``noise`` (uniform [0, 1), v's shape) or ``generator``; never the global RNG.
+With the same noise both backends give identical bytes and norms. ``fused_rng=True`` lets the Triton
+kernel draw Philox numbers in registers from a seed taken from the generator (not bit-exact with the
+reference; the reference ignores the flag).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels._buckets import Norm, check_bucket_size, num_buckets
+from kernels._dispatch import (
+    Backend,
+    check_floating,
+    check_numel,
+    check_same_device,
+    philox_seed,
+    uniform_noise,
+    use_triton,
+)
+from kernels.pack_bits.reference import num_packed_bytes
+from kernels.qsgd_quantize import reference
+from kernels.qsgd_quantize.reference import ALLOWED_BITS, bucket_norms, level_scales, level_units, num_levels
+
+__all__ = [
+    "ALLOWED_BITS",
+    "Norm",
+    "num_levels",
+    "qsgd_dequantize",
+    "qsgd_dequantize_accumulate",
+    "qsgd_quantize",
+]
+
+DEFAULT_BUCKET_SIZE = 512
+
+
+def qsgd_quantize(
+    v: torch.Tensor,
+    *,
+    bits: int = 4,
+    bucket_size: int = DEFAULT_BUCKET_SIZE,
+    norm: Norm = "l2",
+    noise: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    fused_rng: bool = False,
+    backend: Backend = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize ``v`` to ``(packed uint8 [ceil(numel * bits / 8)], norms fp32 [num_buckets])``.
+
+    ``norm``: ``"l2"`` (the paper's) or ``"max"`` (lower variance in practice). Pass exactly one of
+    ``noise`` / ``generator``; ``fused_rng`` needs ``generator``.
+    """
+    num_levels(bits)
+    check_bucket_size(bucket_size)
+    check_floating(v, "v")
+    check_numel(v.numel(), "v")
+    v_N = v.reshape(-1).contiguous()
+    triton_path = use_triton(backend, v.device)
+    if fused_rng and noise is not None:
+        raise ValueError("fused_rng=True draws its own numbers from generator; do not pass noise")
+    if fused_rng and triton_path:
+        seed = philox_seed(generator, v.device)
+        noise_N = None
+    else:
+        noise_N = uniform_noise(v, noise, generator)
+        check_same_device(v=v, noise=noise_N)
+    if not triton_path:
+        assert noise_N is not None
+        return reference.qsgd_quantize(v_N, bits, bucket_size, norm, noise_N)
+    from kernels.qsgd_quantize import triton as triton_impl
+
+    norms_B = bucket_norms(v_N, bucket_size, norm)
+    scales_B = level_scales(norms_B, bits).contiguous()
+    if noise_N is not None:
+        packed_M = triton_impl.qsgd_quantize(v_N, scales_B, bits, bucket_size, noise_N.contiguous(), None)
+    else:
+        packed_M = triton_impl.qsgd_quantize(v_N, scales_B, bits, bucket_size, None, seed)
+    return packed_M, norms_B
+
+
+def qsgd_dequantize_accumulate(
+    packed: torch.Tensor,
+    norms: torch.Tensor,
+    numel: int,
+    *,
+    bits: int = 4,
+    bucket_size: int = DEFAULT_BUCKET_SIZE,
+    backend: Backend = "auto",
+) -> torch.Tensor:
+    """fp32 sum of W decoded payloads: ``packed [W, bytes]``, ``norms [W, num_buckets]`` -> ``[numel]``.
+
+    Accumulated in worker order in fp32, the same in both backends. A 1-D payload counts as W = 1.
+    """
+    num_levels(bits)
+    check_bucket_size(bucket_size)
+    check_numel(numel, "output")
+    if packed.dtype != torch.uint8 or packed.dim() not in (1, 2):
+        raise ValueError(
+            f"packed must be uint8 [W, bytes] or [bytes], got {packed.dtype} {tuple(packed.shape)}"
+        )
+    packed_W_M = packed.reshape(1, -1) if packed.dim() == 1 else packed
+    num_workers = packed_W_M.shape[0]
+    if packed_W_M.shape[1] != num_packed_bytes(numel, bits):
+        raise ValueError(
+            f"{numel} codes of {bits} bits need {num_packed_bytes(numel, bits)} bytes per worker, "
+            f"got {packed_W_M.shape[1]}"
+        )
+    check_floating(norms, "norms")
+    check_same_device(packed=packed, norms=norms)
+    expected = num_buckets(numel, bucket_size)
+    if norms.numel() != num_workers * expected:
+        raise ValueError(
+            f"{numel} elements in buckets of {bucket_size} need {expected} norms per worker "
+            f"({num_workers} workers), got a tensor of shape {tuple(norms.shape)}"
+        )
+    norms_W_B = norms.reshape(num_workers, expected).to(torch.float32)
+    packed_W_M = packed_W_M.contiguous()
+    if use_triton(backend, packed.device):
+        from kernels.qsgd_quantize import triton as triton_impl
+
+        units_W_B = level_units(norms_W_B, bits).contiguous()
+        return triton_impl.qsgd_dequantize_accumulate(packed_W_M, units_W_B, numel, bits, bucket_size)
+    return reference.qsgd_dequantize_accumulate(packed_W_M, norms_W_B, numel, bits, bucket_size)
+
+
+def qsgd_dequantize(
+    packed: torch.Tensor,
+    norms: torch.Tensor,
+    numel: int,
+    *,
+    bits: int = 4,
+    bucket_size: int = DEFAULT_BUCKET_SIZE,
+    backend: Backend = "auto",
+) -> torch.Tensor:
+    """Decode one payload (1-D ``packed``, ``norms [num_buckets]``) to fp32 ``[numel]``; reshape as needed."""
+    if packed.dim() != 1:
+        raise ValueError(f"packed must be 1-D (one payload), got shape {tuple(packed.shape)}")
+    return qsgd_dequantize_accumulate(
+        packed, norms.reshape(1, -1), numel, bits=bits, bucket_size=bucket_size, backend=backend
+    )

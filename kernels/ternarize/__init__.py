@@ -1,0 +1,134 @@
+"""Stochastic ternarization fused with 2-bit packing (TernGrad, Wen et al. 2017, eq. 5).
+
+``ternarize`` turns a gradient and its scaler(s) ``s`` into packed 2-bit codes, four per byte
+(``0 -> 0, +1 -> 1, -1 -> 2``; byte layout in ``kernels.pack_bits``). The decoded value
+``s * code`` is unbiased for ``|g| <= s`` and clipped to ``±s`` beyond (TernGrad's implicit clipping
+when ``s = c * std``). ``ternary_decode_accumulate`` sums the decoded payloads of W workers in fp32.
+
+Randomness: an explicit ``noise`` tensor (uniform [0, 1), the input's shape) or a ``generator``;
+never the global RNG. With the same noise, the Triton kernel and the reference give identical bytes.
+``fused_rng=True`` lets the Triton kernel draw Philox numbers in registers from a seed taken from
+the generator (fewer bytes read, not bit-exact with the reference; the reference ignores the flag).
+Scalers must be >= 0. A zero scaler decodes to zeros (every nonzero entry is clipped to ±0).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels._buckets import check_bucket_size, num_buckets
+from kernels._dispatch import (
+    Backend,
+    check_floating,
+    check_numel,
+    check_same_device,
+    philox_seed,
+    uniform_noise,
+    use_triton,
+)
+from kernels.pack_bits.reference import num_packed_bytes
+from kernels.ternarize import reference
+
+__all__ = ["ternarize", "ternary_decode_accumulate"]
+
+
+def _scalers_per_bucket(
+    scalers: torch.Tensor, num_rows: int, numel: int, bucket_size: int | None
+) -> torch.Tensor:
+    """``[num_rows, B]`` fp32 contiguous scalers, checked against the bucket count."""
+    check_floating(scalers, "scaler")
+    expected = 1 if bucket_size is None else num_buckets(numel, bucket_size)
+    if scalers.numel() != num_rows * expected:
+        what = "per tensor" if bucket_size is None else f"per bucket of {bucket_size}"
+        raise ValueError(
+            f"{numel} elements with scalers {what} need {expected} scaler(s) per row ({num_rows} rows), "
+            f"got a tensor of shape {tuple(scalers.shape)}"
+        )
+    return scalers.reshape(num_rows, expected).to(torch.float32).contiguous()
+
+
+def _effective_bucket_size(numel: int, bucket_size: int | None) -> int:
+    if bucket_size is None:
+        return max(numel, 1)
+    check_bucket_size(bucket_size)
+    return bucket_size
+
+
+def ternarize(
+    g: torch.Tensor,
+    scaler: torch.Tensor | float,
+    *,
+    bucket_size: int | None = None,
+    noise: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    fused_rng: bool = False,
+    backend: Backend = "auto",
+) -> torch.Tensor:
+    """Stochastically ternarize ``g`` (read flat) into ``ceil(numel / 4)`` packed bytes.
+
+    ``scaler``: one value (``bucket_size=None``) or one per bucket of ``bucket_size`` consecutive
+    elements (``ceil(numel / bucket_size)`` values). Pass exactly one of ``noise`` / ``generator``;
+    ``fused_rng`` needs ``generator``.
+    """
+    check_floating(g, "g")
+    check_numel(g.numel(), "g")
+    numel = g.numel()
+    size = _effective_bucket_size(numel, bucket_size)
+    if isinstance(scaler, torch.Tensor):
+        check_same_device(g=g, scaler=scaler)
+    scaler_t = torch.as_tensor(scaler, device=g.device)
+    if not scaler_t.is_floating_point():
+        scaler_t = scaler_t.to(torch.float32)
+    scaler_B = _scalers_per_bucket(scaler_t, 1, numel, bucket_size).reshape(-1)
+    g_N = g.reshape(-1).contiguous()
+    triton_path = use_triton(backend, g.device)
+    if fused_rng:
+        if noise is not None:
+            raise ValueError("fused_rng=True draws its own numbers from generator; do not pass noise")
+        if triton_path:
+            from kernels.ternarize import triton as triton_impl
+
+            return triton_impl.ternarize(g_N, scaler_B, size, None, philox_seed(generator, g.device))
+    noise_N = uniform_noise(g, noise, generator)
+    check_same_device(g=g, noise=noise_N)
+    if triton_path:
+        from kernels.ternarize import triton as triton_impl
+
+        return triton_impl.ternarize(g_N, scaler_B, size, noise_N.contiguous(), None)
+    return reference.ternarize(g_N, scaler_B, size, noise_N)
+
+
+def ternary_decode_accumulate(
+    packed: torch.Tensor,
+    scalers: torch.Tensor,
+    numel: int,
+    *,
+    bucket_size: int | None = None,
+    backend: Backend = "auto",
+) -> torch.Tensor:
+    """fp32 ``sum_w scalers_w * code_w`` over W ternary payloads: ``[numel]``.
+
+    ``packed``: ``[W, ceil(numel / 4)]`` uint8 (a 1-D payload counts as W = 1). ``scalers``: ``[W]``
+    (per tensor) or ``[W, ceil(numel / bucket_size)]`` (per bucket, with ``bucket_size``).
+    Accumulated in worker order in fp32, the same in both backends.
+    """
+    if packed.dtype != torch.uint8 or packed.dim() not in (1, 2):
+        raise ValueError(
+            f"packed must be uint8 [W, bytes] or [bytes], got {packed.dtype} {tuple(packed.shape)}"
+        )
+    check_numel(numel, "output")
+    packed_W_M = packed.reshape(1, -1) if packed.dim() == 1 else packed
+    if packed_W_M.shape[1] != num_packed_bytes(numel, 2):
+        raise ValueError(
+            f"{numel} ternary codes need {num_packed_bytes(numel, 2)} bytes per worker, "
+            f"got {packed_W_M.shape[1]}"
+        )
+    check_same_device(packed=packed, scalers=scalers)
+    size = _effective_bucket_size(numel, bucket_size)
+    scalers_W_B = _scalers_per_bucket(scalers, packed_W_M.shape[0], numel, bucket_size)
+    packed_W_M = packed_W_M.contiguous()
+    if use_triton(backend, packed.device):
+        from kernels.ternarize import triton as triton_impl
+
+        return triton_impl.ternary_decode_accumulate(packed_W_M, scalers_W_B, numel, size)
+    return reference.ternary_decode_accumulate(packed_W_M, scalers_W_B, numel, size)

@@ -1,0 +1,62 @@
+"""Pure-torch reference for ``ternarize`` and ``ternary_decode_accumulate`` (TernGrad).
+
+Op: ``code_i = sign(g_i) * b_i`` with ``b_i = 1`` iff ``u_i * s < |g_i|`` for uniform ``u_i`` in
+[0, 1), i.e. ``P(b_i = 1) = min(|g_i| / s, 1)``: unbiased, ``E[s * code] = g`` when ``|g| <= s``, and
+entries with ``|g| >= s`` become ``±s`` (TernGrad's implicit clipping). The comparison is written as a
+product, not ``u < |g| / s``, because Triton's fp32 division on CUDA is approximate: with the same
+``u`` both backends give the same codes bit for bit. ``s`` is per tensor or per bucket.
+
+Layout: 2-bit codes ``0 -> 0, +1 -> 1, -1 -> 2`` (3 is never written and decodes to 0), packed four
+per byte little-endian (``kernels.pack_bits``): element i in bits ``2 * (i % 4)`` of byte ``i // 4``.
+
+Shape legend: N elements, M = ceil(N / 4) bytes, B buckets, W workers.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from kernels._buckets import mul_by_bucket, sum_in_worker_order
+from kernels.pack_bits import reference as pack_ref
+
+
+def ternary_codes(
+    g_N: torch.Tensor, scaler_B: torch.Tensor, bucket_size: int, noise_N: torch.Tensor
+) -> torch.Tensor:
+    """Unpacked uint8 2-bit codes of the stochastic ternarization."""
+    g_N = g_N.to(torch.float32)
+    keep_N = mul_by_bucket(noise_N, scaler_B, bucket_size) < g_N.abs()
+    # 1 << 0 = 1 for g > 0, 1 << 1 = 2 for g < 0, 0 where not kept (bool viewed as 0 / 1 bytes).
+    return keep_N.view(torch.uint8) << (g_N < 0).view(torch.uint8)
+
+
+def ternarize(
+    g_N: torch.Tensor, scaler_B: torch.Tensor, bucket_size: int, noise_N: torch.Tensor
+) -> torch.Tensor:
+    """Packed ternary codes ``[M]`` of flat ``g_N`` with fp32 scalers ``[B]`` and fp32 noise ``[N]``."""
+    return pack_ref.pack_codes(ternary_codes(g_N, scaler_B, bucket_size, noise_N), 2)
+
+
+@functools.cache
+def byte_to_ternary(device: torch.device) -> torch.Tensor:
+    """``[256, 4]`` fp32 table: the four ternary values {-1, 0, 1} coded in each byte (3 -> 0)."""
+    all_bytes = torch.arange(256, dtype=torch.uint8, device=device)
+    codes_256_4 = pack_ref.unpack_bits(all_bytes, 2, 1024).view(256, 4)
+    return (codes_256_4 & 1).to(torch.float32) - (codes_256_4 >> 1).to(torch.float32)
+
+
+def ternary_decode_accumulate(
+    packed_W_M: torch.Tensor, scalers_W_B: torch.Tensor, numel: int, bucket_size: int
+) -> torch.Tensor:
+    """``sum_w s_w * code_w`` as fp32 ``[N]``, accumulated worker by worker in order 0..W-1.
+
+    The order is fixed (and matches the kernel), so both backends round identically. All payloads
+    are decoded at once through a 256-entry byte table (one gather per byte, no unpacking pass).
+    """
+    table_256_4 = byte_to_ternary(packed_W_M.device)
+    values_W_N = pack_ref.lookup_bytes(table_256_4, packed_W_M)[:, :numel]
+    # values are in {-1, 0, 1}: s * value is exact, so the product adds no rounding.
+    mul_by_bucket(values_W_N, scalers_W_B, bucket_size, out=values_W_N)
+    return sum_in_worker_order(values_W_N)
