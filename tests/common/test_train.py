@@ -6,7 +6,6 @@ import json
 import logging
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from common.paths import REPO_ROOT
 from common.train import StepInfo, train
 from pipelines.launch import RESTART_SAFE_ENV
 from tests.distributed import run_ranks
+from tests.helpers.processes import run_group
 from tests.helpers.train_once import CONFIG
 
 
@@ -109,11 +109,9 @@ def test_sigkill_restart_by_torchrun_resumes_bit_exact(reference, tmp_path):
     killed = tmp_path / "killed"
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **RESTART_SAFE_ENV}
     torchrun = Path(sys.executable).parent / "torchrun"
-    result = subprocess.run(
-        [str(torchrun), "--standalone", "--nproc_per_node=2", "--max-restarts=1",
-         str(REPO_ROOT / "tests/helpers/train_once.py"), str(killed), "--kill-at", "19"],
-        env=env, capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
+    command = [str(torchrun), "--standalone", "--nproc_per_node=2", "--max-restarts=1",
+               str(REPO_ROOT / "tests/helpers/train_once.py"), str(killed), "--kill-at", "19"]  # fmt: skip
+    result = run_group(command, timeout=300, env=env)  # torchrun and its workers stop on timeout too
     assert result.returncode == 0, result.stderr[-3000:]
     assert (killed / "killed-once").exists()  # it really was killed once ...
     assert "exitcode: -9" in result.stderr  # torchrun saw the SIGKILL and restarted the ranks

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from common.paths import REPO_ROOT, data_root
+from tests.helpers.processes import run_group
 
 RUNS = ("fp32", "fp16", "topk1_ef")
 
@@ -55,14 +56,7 @@ def smoke_repo(tmp_path_factory):
         "DVC_NO_ANALYTICS": "1",
     }
     dvc = [str(Path(sys.executable).parent / "dvc")]
-    result = subprocess.run(
-        [*dvc, "repro", "pipelines/baseline/dvc.yaml"],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    result = run_group([*dvc, "repro", "pipelines/baseline/dvc.yaml"], cwd=root, env=env, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return root, env, dvc
 
