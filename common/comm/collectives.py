@@ -90,9 +90,14 @@ def all_gather_variable(
     itemsizes = torch.tensor([t.element_size() for t in tensors], dtype=torch.int64, device=device)
     nbytes_W = (counts_W * itemsizes).cpu()  # one host sync: needed to size the receive buffer
     max_bytes = int(nbytes_W.sum(1).max())
-    send = torch.zeros(max_bytes, dtype=torch.uint8, device=device)
-    mine = torch.cat([t.contiguous().view(torch.uint8) for t in tensors]) if tensors else send[:0]
-    send[: mine.numel()] = mine
+    views = [t.contiguous().view(torch.uint8) for t in tensors]
+    if len(views) == 1 and views[0].numel() == max_bytes:
+        send = views[0]  # nothing to concatenate or pad: send the bytes as they are
+    else:
+        send = torch.empty(max_bytes, dtype=torch.uint8, device=device)
+        mine = torch.cat(views) if views else send[:0]
+        send[: mine.numel()] = mine
+        send[mine.numel() :].zero_()  # the padding crosses the wire: make it deterministic
     recv = torch.empty(world * max_bytes, dtype=torch.uint8, device=device)
     _all_gather_single(recv, send, group=group)
     recv = recv.view(world, max_bytes)

@@ -168,7 +168,7 @@ def _model() -> nn.Module:
     return nn.Sequential(nn.Linear(12, 16), nn.ReLU(), nn.Linear(16, 5))
 
 
-def _ddp_vs_explicit(rank: int, world: int) -> dict:
+def _ddp_vs_explicit(rank: int, world: int, name: str, options: dict) -> dict:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from common.comm import install_ddp_hook
@@ -177,10 +177,10 @@ def _ddp_vs_explicit(rank: int, world: int) -> dict:
     target = torch.randint(0, 5, (6, 4), generator=torch.Generator().manual_seed(50 + rank))
 
     hooked = DDP(_model())
-    hook_sync = install_ddp_hook(hooked, "topk", density=0.1, error_feedback=True, seed=3)
+    hook_sync = install_ddp_hook(hooked, name, error_feedback=True, seed=3, **options)
     explicit = _model()
     explicit_sync = GradientSync(
-        build_compressor("topk", density=0.1), error_feedback=True, seed=3, bucket_numel=10**9
+        build_compressor(name, **options), error_feedback=True, seed=3, bucket_numel=10**9
     )
     opt_h = torch.optim.SGD(hooked.parameters(), lr=0.1, momentum=0.9)
     opt_e = torch.optim.SGD(explicit.parameters(), lr=0.1, momentum=0.9)
@@ -202,8 +202,18 @@ def _ddp_vs_explicit(rank: int, world: int) -> dict:
     }
 
 
-def test_ddp_hook_equals_explicit_path(tmp_path):
-    res = run_ranks(_ddp_vs_explicit, 2, tmp_path=tmp_path)
+@pytest.mark.parametrize(
+    "name,options",
+    [
+        ("topk", {"density": 0.1}),  # not linear: all-gather inside the hook
+        # linear: the hook's all-reduce runs in the background (overlapped by DDP), then the
+        # residual update happens in the future's callback. (Both compressors here give results
+        # independent of the bucket's layout, which DDP changes after the first step.)
+        ("fp16", {}),
+    ],
+)
+def test_ddp_hook_equals_explicit_path(tmp_path, name, options):
+    res = run_ranks(_ddp_vs_explicit, 2, name, options, tmp_path=tmp_path)
     for r in res:
         for h, e in zip(r["hooked"], r["explicit"], strict=True):
             torch.testing.assert_close(h, e, rtol=1e-6, atol=1e-7)
