@@ -31,6 +31,7 @@ class RunConfig:
     error_feedback: bool = False
     transport: str = "auto"
     bucket_numel: int | None = None
+    compress_per_tensor: bool = False  # with buckets: compress per tensor, one collective per bucket
     optimizer: str = "sgd"
     lr: float = 0.05
     momentum: float = 0.9

@@ -74,6 +74,7 @@ def default_strategy(config: RunConfig) -> SyncStrategy:
         error_feedback=config.error_feedback,
         transport=config.transport,
         bucket_numel=config.bucket_numel,
+        compress_per_tensor=config.compress_per_tensor,
         seed=config.seed,
     )
     return DataParallel(sync)

@@ -39,6 +39,23 @@ class _Step:
     sent: Tensor | None
 
 
+@dataclass
+class _Reduction:
+    """One all-reduce over ``buffer``; calling it after completion copies a fused buffer back
+    into the payload tensors it was made from."""
+
+    buffer: Tensor
+    tensors: list[Tensor]
+    future: Future[list[Tensor]] | None
+
+    def __call__(self) -> None:
+        if len(self.tensors) > 1:
+            for tensor, part in zip(
+                self.tensors, self.buffer.split([t.numel() for t in self.tensors]), strict=True
+            ):
+                tensor.copy_(part)
+
+
 class GradientSync:
     """Averages gradients over ranks through a compressor, with optional error feedback.
 
@@ -48,9 +65,13 @@ class GradientSync:
         transport: ``"allreduce"`` (sums payloads; only for linear compressors), ``"allgather"``
             (every rank receives every payload and sums the decompressions), or ``"auto"``
             (all-reduce when the compressor is linear).
-        bucket_numel: ``None`` compresses each tensor on its own (what per-layer methods such as
-            DGC and TernGrad specify); a number groups consecutive tensors of one dtype/device
-            into flat buckets of at least that many entries, compressed as one.
+        bucket_numel: ``None`` compresses and communicates each tensor on its own; a number
+            groups consecutive tensors of one dtype/device into flat buckets of at least that
+            many entries, communicated in one collective.
+        compress_per_tensor: with buckets, still compress each tensor of a bucket on its own
+            (per-layer methods such as DGC and TernGrad specify it) but send the bucket's
+            payloads together: one collective per bucket instead of one per tensor, the same
+            result. ``False`` compresses the flat bucket as one tensor.
         seed: seeds the shared and per-rank generators handed to the compressor.
         group: process group (default: the world).
         stats: where bits, calls and phase times are added (a new :class:`CommStats` by default).
@@ -65,6 +86,7 @@ class GradientSync:
         error_feedback: bool | ErrorFeedback = False,
         transport: str = "auto",
         bucket_numel: int | None = None,
+        compress_per_tensor: bool = False,
         seed: int = 0,
         group: ProcessGroup = None,
         stats: CommStats | None = None,
@@ -85,6 +107,7 @@ class GradientSync:
             self.error_feedback = ErrorFeedback() if error_feedback else None
         self.use_allreduce = transport == "allreduce" or (transport == "auto" and compressor.linear)
         self.bucket_numel = bucket_numel
+        self.compress_per_tensor = compress_per_tensor
         self.seed = seed
         self.group = group
         self.stats = stats if stats is not None else CommStats()
@@ -157,22 +180,15 @@ class GradientSync:
 
         The input may be overwritten (an all-reduce works in place) and may be the result.
         """
-        step = self._compress(names, flat, sizes)
+        steps = [self._compress(*unit) for unit in self._units(names, flat, sizes)]
         with self.stats.phase("communicate", flat.device):
             if self.use_allreduce:
-                for tensor in step.payload.wire.values():
-                    all_reduce_sum_(tensor, stats=self.stats, group=self.group)
-                gathered = None
+                for work in self._all_reduce_payloads(steps, async_op=False):
+                    work()
+                gathered: list[list[Payload] | None] = [None] * len(steps)
             else:
-                keys = list(step.payload.wire)
-                per_rank = all_gather_variable(
-                    list(step.payload.wire.values()),
-                    sizes_known=self.compressor.fixed_size,
-                    stats=self.stats,
-                    group=self.group,
-                )
-                gathered = [step.payload.with_wire(dict(zip(keys, t, strict=True))) for t in per_rank]
-        return self._finish(step, gathered)
+                gathered = list(self._all_gather_payloads(steps))
+        return self._finish_all(steps, gathered)
 
     def reduce_flat_async(self, names: Sequence[str], flat: Tensor, sizes: Sequence[int]) -> Future[Tensor]:
         """:meth:`reduce_flat` whose all-reduce runs in the background (linear compressors).
@@ -186,22 +202,72 @@ class GradientSync:
             future: Future[Tensor] = Future()
             future.set_result(self.reduce_flat(names, flat, sizes))
             return future
-        step = self._compress(names, flat, sizes)
+        steps = [self._compress(*unit) for unit in self._units(names, flat, sizes)]
         start = time.perf_counter()
-        futures = []
-        for tensor in step.payload.wire.values():
-            work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
-            assert work is not None
-            futures.append(work.get_future())
-            self.stats.add_call("all_reduce", tensor.numel() * tensor.element_size() * 8)
+        works = self._all_reduce_payloads(steps, async_op=True)
+        futures = [work.future for work in works if work.future is not None]
 
         def finish(_: Future[list[Future[list[Tensor]]]]) -> Tensor:
+            for work in works:
+                work()  # copies a fused buffer back into the payloads
             self.stats.seconds["communicate"] += time.perf_counter() - start
-            return self._finish(step, None)
+            return self._finish_all(steps, [None] * len(steps))
 
         return torch.futures.collect_all(futures).then(finish)
 
-    def _compress(self, names: Sequence[str], flat: Tensor, sizes: Sequence[int]) -> _Step:
+    def _units(
+        self, names: Sequence[str], flat: Tensor, sizes: Sequence[int]
+    ) -> list[tuple[list[str], Tensor, list[int]]]:
+        """What is compressed as one tensor: the whole bucket, or each of its tensors."""
+        if not self.compress_per_tensor or len(names) == 1:
+            return [(list(names), flat, list(sizes))]
+        return [
+            ([n], part, [size]) for n, part, size in zip(names, flat.split(list(sizes)), sizes, strict=True)
+        ]
+
+    def _all_reduce_payloads(self, steps: list[_Step], *, async_op: bool) -> list[_Reduction]:
+        """Sum every payload's wire tensors over ranks: one all-reduce per dtype, the tensors of
+        one dtype fused into one buffer when there are several."""
+        by_dtype: dict[torch.dtype, list[Tensor]] = {}
+        for step in steps:
+            for tensor in step.payload.wire.values():
+                by_dtype.setdefault(tensor.dtype, []).append(tensor)
+        reductions = []
+        for tensors in by_dtype.values():
+            buffer = tensors[0] if len(tensors) == 1 else torch.cat(tensors)
+            if not async_op:
+                all_reduce_sum_(buffer, stats=self.stats, group=self.group)
+                reductions.append(_Reduction(buffer, tensors, None))
+                continue
+            work = dist.all_reduce(buffer, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
+            assert work is not None
+            self.stats.add_call("all_reduce", buffer.numel() * buffer.element_size() * 8)
+            reductions.append(_Reduction(buffer, tensors, work.get_future()))
+        return reductions
+
+    def _all_gather_payloads(self, steps: list[_Step]) -> list[list[Payload]]:
+        """Every rank's payloads, all of a bucket's wire tensors in one (variable-size) all-gather."""
+        keys = [list(step.payload.wire) for step in steps]
+        per_rank = all_gather_variable(
+            [t for step in steps for t in step.payload.wire.values()],
+            sizes_known=self.compressor.fixed_size,
+            stats=self.stats,
+            group=self.group,
+        )
+        gathered: list[list[Payload]] = [[] for _ in steps]
+        for tensors in per_rank:
+            offset = 0
+            for i, step in enumerate(steps):
+                wire = dict(zip(keys[i], tensors[offset : offset + len(keys[i])], strict=True))
+                gathered[i].append(step.payload.with_wire(wire))
+                offset += len(keys[i])
+        return gathered
+
+    def _finish_all(self, steps: list[_Step], gathered: Sequence[list[Payload] | None]) -> Tensor:
+        means = [self._finish(step, g) for step, g in zip(steps, gathered, strict=True)]
+        return means[0] if len(means) == 1 else torch.cat(means)
+
+    def _compress(self, names: list[str], flat: Tensor, sizes: list[int]) -> _Step:
         ef = self.error_feedback
         with self.stats.phase("compress", flat.device):
             compensated = ef.compensate(names, flat, sizes) if ef is not None else flat
@@ -218,9 +284,11 @@ class GradientSync:
                         for k, v in payload.wire.items()
                     }
                 )
-        return _Step(list(names), list(sizes), flat, compensated, payload, sent)
+        return _Step(names, sizes, flat, compensated, payload, sent)
 
     def _finish(self, step: _Step, gathered: list[Payload] | None) -> Tensor:
+        """Decompress (the sum, or every rank's payload), divide by the world size, update the
+        residual."""
         world = get_world_size(self.group)
         with self.stats.phase("decompress", step.flat.device):
             if gathered is None:

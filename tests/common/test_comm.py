@@ -61,6 +61,30 @@ def _scenarios(rank: int, world: int) -> dict:
     sync.sync(grads)
     out["randk_mean"] = grads[0][1].clone()
 
+    # 7. Compress per tensor, communicate per bucket: same result as per tensor, one collective.
+    for name, opts, ef in [
+        ("topk", {"density": 0.1}, False),
+        ("fp16", {}, True),
+        ("randomk", {"density": 0.2}, True),
+    ]:
+        results = {}
+        for mode, kwargs in [
+            ("per_tensor", {}),
+            ("bucket", {"bucket_numel": 10**6, "compress_per_tensor": True}),
+        ]:
+            grads = _grads(rank, sizes=(40, 7, 100))
+            sync = GradientSync(build_compressor(name, **opts), error_feedback=ef, seed=2, **kwargs)
+            for _ in range(2):  # twice, so the residuals are used
+                sync.sync(grads)
+            residuals = sync.error_feedback.residuals if ef else {}
+            results[mode] = (
+                [t.clone() for _, t in grads],
+                dict(sync.stats.calls),
+                sync.stats.bits_sent,
+                residuals,
+            )
+        out[f"per_tensor_vs_bucket_{name}"] = results
+
     # 6. Point-to-point ring exchange.
     send = torch.full((4,), float(rank))
     recv = torch.empty(4)
@@ -131,6 +155,25 @@ def test_randomk_shared_indices_allreduce(results):
     for r in range(world):
         assert torch.equal(res[r]["randk_mean"] != 0, kept)
         torch.testing.assert_close(res[r]["randk_mean"][kept], dense_mean[kept])
+
+
+@pytest.mark.parametrize("name", ["topk", "fp16", "randomk"])
+def test_compress_per_tensor_in_one_collective_per_bucket(results, name):
+    world, res = results
+    for r in range(world):
+        per_tensor, bucket = (
+            res[r][f"per_tensor_vs_bucket_{name}"]["per_tensor"],
+            res[r][f"per_tensor_vs_bucket_{name}"]["bucket"],
+        )
+        for a, b in zip(per_tensor[0], bucket[0], strict=True):
+            if name == "topk":  # all-gather: every rank sums the same payloads in the same order
+                assert torch.equal(a, b)
+            else:  # gloo's all-reduce adds chunk by chunk, and a fused buffer is chunked otherwise
+                torch.testing.assert_close(a, b, rtol=1e-6, atol=2e-3 if name == "fp16" else 1e-6)
+        for key, residual in per_tensor[3].items():  # step 2's input is step 1's (close) mean
+            torch.testing.assert_close(residual, bucket[3][key], rtol=1e-5, atol=2e-3)
+        assert sum(per_tensor[1].values()) == 3 * 2 and sum(bucket[1].values()) == 1 * 2
+        assert per_tensor[2] == bucket[2]  # the same bits, in fewer calls
 
 
 def test_point_to_point_ring(results):
