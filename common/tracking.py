@@ -27,6 +27,9 @@ def tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{REPO_ROOT / 'mlflow.db'}"
 
 
+CODE_PATHS = ("common", "kernels", "papers", "pipelines", "pyproject.toml", "requirements.txt")
+
+
 def git_sha() -> str:
     try:
         out = subprocess.run(
@@ -34,7 +37,9 @@ def git_sha() -> str:
         )
         sha = out.stdout.strip() or "unknown"
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+            # Dirty means the code differs from the commit; outputs (results/, dvc.lock files that
+            # a running pipeline rewrites) do not count.
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", *CODE_PATHS, ":(exclude)*.lock"],
             cwd=REPO_ROOT,
             capture_output=True,
             text=True,
