@@ -32,10 +32,12 @@ class CommStats:
     dense_bits: int = 0
     steps: int = 0
     calls: Counter[str] = field(default_factory=Counter)
+    bits_by_op: Counter[str] = field(default_factory=Counter)  # what the cost model needs per op
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
 
     def add_call(self, op: str, bits: int) -> None:
         self.calls[op] += 1
+        self.bits_by_op[op] += int(bits)
         self.bits_sent += int(bits)
 
     @contextmanager
@@ -59,6 +61,11 @@ class CommStats:
         """dense fp32 bits / bits actually sent (nan when nothing was sent, e.g. world size 1)."""
         return self.dense_bits / self.bits_sent if self.bits_sent else float("nan")
 
+    def ops_per_step(self) -> dict[str, tuple[float, float]]:
+        """op -> (calls per step, bytes per step): a step's traffic as the cost model takes it."""
+        steps = max(self.steps, 1)
+        return {op: (calls / steps, self.bits_by_op[op] / 8 / steps) for op, calls in self.calls.items()}
+
     def summary(self) -> dict[str, float]:
         """Flat numbers for metrics.json and MLflow."""
         steps = max(self.steps, 1)
@@ -79,6 +86,7 @@ class CommStats:
             "dense_bits": self.dense_bits,
             "steps": self.steps,
             "calls": dict(self.calls),
+            "bits_by_op": dict(self.bits_by_op),
             "seconds": dict(self.seconds),
         }
 
@@ -87,4 +95,5 @@ class CommStats:
         self.dense_bits = int(state["dense_bits"])
         self.steps = int(state["steps"])
         self.calls = Counter(state["calls"])
+        self.bits_by_op = Counter(state.get("bits_by_op", {}))
         self.seconds = dict(state["seconds"])

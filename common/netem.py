@@ -1,0 +1,365 @@
+"""Real slow links between worker processes: one network namespace per rank, shaped with ``tc``.
+
+Between processes on one machine gloo moves gigabytes per second, which hides exactly what
+gradient compression is for. :class:`VirtualNetwork` builds a small switched LAN instead::
+
+    rank 0 ns            switch ns                 rank 1 ns
+    [tw0 10.77.0.1] ==== [p0]--(br0)--[p1] ==== [tw0 10.77.0.2]   ...
+         tbf rate R        tbf      tbf           tbf rate R
+
+Each rank's namespace holds one end of a veth pair (``tw0``) and its loopback; the other end
+(``p<r>``) sits on a bridge in a separate switch namespace, so nothing touches the host's own
+interfaces or routes and traffic goes only between these namespaces. Both ends of every link are
+shaped with a token-bucket filter (``tbf``) at the configured rate, so each rank has a full-duplex
+link of that rate to the switch, like a server's NIC in a cluster. This kernel has no ``netem``
+qdisc: there is no added delay or loss; latency is the cost model's business
+(:mod:`common.costmodel`).
+
+gloo is pointed at the veth with ``GLOO_SOCKET_IFNAME=tw0`` and ``MASTER_ADDR`` = rank 0's address
+(:meth:`VirtualNetwork.env`). Names carry the creating process id (``tw<pid>n<k>-r<rank>``), so
+:meth:`VirtualNetwork.close` removes exactly what this process made (deleting a namespace deletes
+its veth ends and qdiscs), and :func:`remove_stale` removes only networks whose creator is dead.
+
+Needs root and iproute2 (``ip``, ``tc``); :func:`check_support` says what is missing and how to fix it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+from .costmodel import parse_rate as parse_rate  # re-exported for the launcher
+
+log = logging.getLogger(__name__)
+
+SUBNET = "10.77.0"  # private, and only ever configured inside our own namespaces
+IFNAME = "tw0"  # the rank's end of its veth, the same name in every rank namespace
+MAX_RANKS = 250
+_PREFIX = "tw"
+_NAME = re.compile(rf"^{_PREFIX}(\d+)n(\d+)-(sw|r\d+)$")
+_counter = itertools.count()
+
+
+class NetemError(RuntimeError):
+    """The emulated network could not be built (permissions, missing tools, bad rate)."""
+
+
+def rate_label(bps: float) -> str:
+    """1e8 -> ``"100mbit"``: the short form the launcher takes and run tags carry."""
+    for unit, scale in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3)):
+        if bps >= scale:
+            return f"{bps / scale:g}{unit}"
+    return f"{bps:g}bit"
+
+
+def check_support() -> None:
+    """Raise :class:`NetemError` naming what is missing (root, ``ip``, ``tc``) and how to fix it."""
+    missing = []
+    if os.geteuid() != 0:
+        missing.append("root (network namespaces and tc need CAP_NET_ADMIN; run as root)")
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            missing.append(f"`{tool}` (install iproute2, e.g. `apt-get install iproute2`)")
+    if missing:
+        raise NetemError(
+            "network emulation is not available here: missing "
+            + "; ".join(missing)
+            + ". Or run without shaping by opting in explicitly (launcher: --allow-unshaped)."
+        )
+
+
+def supported() -> bool:
+    try:
+        check_support()
+    except NetemError:
+        return False
+    return True
+
+
+def _run(*argv: str) -> None:
+    result = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise NetemError(f"`{' '.join(argv)}` failed (exit {result.returncode}): {result.stderr.strip()}")
+
+
+def list_namespaces() -> list[str]:
+    """Names of all network namespaces (``ip netns list``), ours or not."""
+    result = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False)
+    return [line.split()[0] for line in result.stdout.splitlines() if line.strip()]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale() -> list[str]:
+    """Delete thinwire namespaces whose creating process is gone (a SIGKILLed launcher).
+
+    Only names of our own pattern whose embedded creator pid no longer runs are touched.
+    """
+    removed = []
+    for name in list_namespaces():
+        match = _NAME.match(name)
+        if match and not _pid_alive(int(match.group(1))):
+            subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
+            removed.append(name)
+    if removed:
+        log.warning("removed %d stale namespace(s) left by dead launchers: %s", len(removed), removed)
+    return removed
+
+
+@dataclass(frozen=True)
+class LinkShape:
+    """A token-bucket shaper: ``rate`` bits/s, ``burst`` bytes, queue ``latency_ms`` at most."""
+
+    rate_bps: float
+    burst_bytes: int
+    latency_ms: int = 100
+
+    @classmethod
+    def for_rate(cls, rate: str | float) -> LinkShape:
+        bps = parse_rate(str(rate))
+        # The bucket must hold at least one 64 KiB GSO super-packet and about 1 ms of traffic;
+        # capped at 1 MiB (at 1 Gbit/s the research notes measured 0.835 s for 0.8 s expected).
+        burst = int(min(max(bps / 8 / 1000, 64 * 1024 + 1514), 1 << 20))
+        return cls(rate_bps=bps, burst_bytes=burst)
+
+    def tc_args(self) -> list[str]:
+        return [
+            "tbf",
+            "rate",
+            f"{int(self.rate_bps)}bit",
+            "burst",
+            str(self.burst_bytes),
+            "latency",
+            f"{self.latency_ms}ms",
+        ]
+
+
+class VirtualNetwork:
+    """``world_size`` namespaces on one shaped switch; a context manager that always cleans up.
+
+    ``rate=None`` builds the same namespaces without shaping (for comparisons).
+    """
+
+    def __init__(self, world_size: int, rate: str | float | None) -> None:
+        if (
+            isinstance(world_size, bool)
+            or not isinstance(world_size, int)
+            or not 1 <= world_size <= MAX_RANKS
+        ):
+            raise ValueError(f"world_size must be an integer in 1..{MAX_RANKS}, got {world_size!r}")
+        self.world_size = world_size
+        self.shape = LinkShape.for_rate(rate) if rate is not None else None
+        tag = f"{_PREFIX}{os.getpid()}n{next(_counter)}"
+        self.switch = f"{tag}-sw"
+        self.namespaces = [f"{tag}-r{r}" for r in range(world_size)]
+        self._created: list[str] = []
+        self.is_up = False
+
+    # -- addresses and commands ------------------------------------------------------------------
+
+    @staticmethod
+    def address(rank: int) -> str:
+        return f"{SUBNET}.{rank + 1}"
+
+    def env(self, rank: int) -> dict[str, str]:
+        """What gloo and torch.distributed need to talk over the shaped links."""
+        return {
+            "MASTER_ADDR": self.address(0),
+            "GLOO_SOCKET_IFNAME": IFNAME,
+            "THINWIRE_NETWORK": rate_label(self.shape.rate_bps) if self.shape else "unshaped-netns",
+        }
+
+    def command(self, rank: int, argv: Sequence[str]) -> list[str]:
+        """``argv`` run inside rank ``rank``'s namespace (``ip netns exec`` execs it: same pid)."""
+        return ["ip", "netns", "exec", self.namespaces[rank], *argv]
+
+    # -- life cycle ------------------------------------------------------------------------------
+
+    def up(self) -> VirtualNetwork:
+        check_support()
+        remove_stale()
+        try:
+            self._add_namespace(self.switch)
+            _run("ip", "-n", self.switch, "link", "add", "br0", "type", "bridge")
+            _run("ip", "-n", self.switch, "link", "set", "br0", "up")
+            for rank, ns in enumerate(self.namespaces):
+                self._add_namespace(ns)
+                port = f"p{rank}"
+                _run("ip", "link", "add", IFNAME, "netns", ns, "type", "veth", "peer", "name", port,
+                     "netns", self.switch)  # fmt: skip
+                _run("ip", "-n", ns, "addr", "add", f"{self.address(rank)}/24", "dev", IFNAME)
+                _run("ip", "-n", ns, "link", "set", "lo", "up")
+                _run("ip", "-n", ns, "link", "set", IFNAME, "up")
+                _run("ip", "-n", self.switch, "link", "set", port, "master", "br0")
+                _run("ip", "-n", self.switch, "link", "set", port, "up")
+                if self.shape is not None:  # both directions: upload at the rank, download at the switch
+                    _run("tc", "-n", ns, "qdisc", "add", "dev", IFNAME, "root", *self.shape.tc_args())
+                    _run("tc", "-n", self.switch, "qdisc", "add", "dev", port, "root", *self.shape.tc_args())
+        except BaseException:
+            self.close()
+            raise
+        self.is_up = True
+        log.info(
+            "virtual network up: %d ranks, %s per link",
+            self.world_size,
+            rate_label(self.shape.rate_bps) if self.shape else "unshaped",
+        )
+        return self
+
+    def _add_namespace(self, name: str) -> None:
+        _run("ip", "netns", "add", name)
+        self._created.append(name)
+
+    def close(self) -> None:
+        """Delete every namespace this object created (and with them their links and qdiscs).
+
+        Processes still inside a rank namespace are this network's own workers: they are killed
+        first (by the pids ``ip netns pids`` lists for our namespace names), or the namespace
+        would linger until they exit.
+        """
+        for name in reversed(self._created):
+            pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True, check=False)
+            for pid in pids.stdout.split():
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(int(pid), 9)
+            result = subprocess.run(["ip", "netns", "del", name], capture_output=True, text=True, check=False)
+            if result.returncode != 0 and name in list_namespaces():
+                log.error("could not delete namespace %s: %s", name, result.stderr.strip())
+        self._created.clear()
+        self.is_up = False
+
+    def __enter__(self) -> VirtualNetwork:
+        return self.up()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def describe(self) -> Mapping[str, object]:
+        return {
+            "world_size": self.world_size,
+            "rate_bps": self.shape.rate_bps if self.shape else None,
+            "burst_bytes": self.shape.burst_bytes if self.shape else None,
+            "namespaces": list(self.namespaces),
+        }
+
+
+# -- workers ---------------------------------------------------------------------------------------
+
+
+class Terminated(Exception):
+    """SIGTERM (or SIGHUP) arrived: unwind and clean up, as for Ctrl-C."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated(f"stopped by signal {signum}")
+
+
+@contextlib.contextmanager
+def terminate_as_exception() -> Iterator[None]:
+    """Turn SIGTERM and SIGHUP into :class:`Terminated` inside the block, so ``finally`` and
+    ``with`` clean-ups run (the default action would kill the process on the spot)."""
+    import signal
+
+    previous = {sig: signal.signal(sig, _raise_terminated) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _stop(processes: Sequence[subprocess.Popen[bytes]], grace: float = 10.0) -> None:
+    """SIGTERM every worker's process group, then SIGKILL what is left after ``grace`` seconds."""
+    import signal
+    import time
+
+    for process in processes:
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for process in processes:
+        try:
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def run_workers(
+    network: VirtualNetwork,
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    max_restarts: int = 0,
+    master_port: int = 29500,
+    poll_seconds: float = 0.2,
+) -> int:
+    """Run ``argv`` once per rank, each inside its namespace; return 0 or the first failure's code.
+
+    Like torchrun's agent: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT are set; if any
+    worker fails, all are stopped and, up to ``max_restarts`` times, all are started again (with
+    TORCHELASTIC_RESTART_COUNT set; training resumes from its last checkpoint). Every worker is
+    stopped on every exit path: failure, Ctrl-C and SIGTERM. The network itself is the caller's.
+    """
+    import time
+
+    if not network.is_up:
+        raise NetemError("the virtual network is not up: use `with VirtualNetwork(...) as net:`")
+    processes: list[subprocess.Popen[bytes]] = []
+    try:
+        for attempt in range(max_restarts + 1):
+            processes = []
+            for rank in range(network.world_size):
+                rank_env = {
+                    **os.environ,
+                    **(env or {}),
+                    **network.env(rank),
+                    "MASTER_PORT": str(master_port + attempt),  # a fresh port: no TIME_WAIT surprises
+                    "RANK": str(rank),
+                    "WORLD_SIZE": str(network.world_size),
+                    "LOCAL_RANK": str(rank),
+                    "LOCAL_WORLD_SIZE": str(network.world_size),
+                    "TORCHELASTIC_RESTART_COUNT": str(attempt),
+                }
+                rank_env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun: N workers share the cores
+                # c10d warns on every connection that a namespace has no reverse DNS: harmless
+                rank_env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+                processes.append(
+                    subprocess.Popen(network.command(rank, argv), env=rank_env, start_new_session=True)
+                )
+            failed: int | None = None
+            while failed is None:
+                codes = [p.poll() for p in processes]
+                bad = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+                if bad:
+                    rank, failed = bad[0]
+                    log.error("rank %d exited with code %d (attempt %d)", rank, failed, attempt + 1)
+                elif all(c == 0 for c in codes):
+                    return 0
+                else:
+                    time.sleep(poll_seconds)
+            _stop(processes)
+            if attempt < max_restarts:
+                log.warning(
+                    "restarting all %d workers (%d of %d)", network.world_size, attempt + 1, max_restarts
+                )
+        return failed if failed else 1
+    finally:
+        _stop(processes)

@@ -1,0 +1,186 @@
+"""Emulated slow links: namespaces, tc shaping, clean-up on every exit path, clear errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from common import netem
+from common.paths import REPO_ROOT
+
+needs_netem = pytest.mark.skipif(
+    not netem.supported(), reason="needs root and iproute2 (ip, tc) for network namespaces"
+)
+
+
+def _ours(network: netem.VirtualNetwork) -> set[str]:
+    return set([*network.namespaces, network.switch]) & set(netem.list_namespaces())
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match=r"world_size must be an integer in 1\.\.250, got 0"):
+        netem.VirtualNetwork(0, "100mbit")
+    with pytest.raises(ValueError, match="cannot read 'fast' as a positive link rate; valid examples"):
+        netem.VirtualNetwork(2, "fast")
+    shape = netem.LinkShape.for_rate("100mbit")
+    assert shape.rate_bps == 1e8
+    assert shape.burst_bytes >= 64 * 1024  # one GSO super-packet fits the bucket
+    assert netem.rate_label(1e8) == "100mbit" and netem.rate_label(2.5e9) == "2.5gbit"
+
+
+def test_missing_root_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(netem.NetemError, match=r"missing root.*--allow-unshaped"):
+        netem.check_support()
+    monkeypatch.setattr(netem.shutil, "which", lambda tool: None)
+    with pytest.raises(netem.NetemError, match=r"`tc` \(install iproute2"):
+        netem.check_support()
+
+
+def test_launcher_rejects_a_bad_rate_before_starting_anything():
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipelines.launch",
+            "baseline",
+            "fp32",
+            "--scale",
+            "smoke",
+            "--net-bandwidth",
+            "fast",
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode != 0
+    assert "cannot read 'fast' as a positive link rate" in result.stderr
+
+
+@needs_netem
+def test_namespaces_and_qdiscs_exist_while_up_and_are_gone_after_a_failed_run():
+    network = netem.VirtualNetwork(2, "100mbit")
+    with network:
+        assert _ours(network) == set([*network.namespaces, network.switch])
+        qdisc = subprocess.run(
+            ["tc", "-n", network.namespaces[0], "qdisc", "show", "dev", netem.IFNAME],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        assert "tbf" in qdisc and "100Mbit" in qdisc
+        # rank 1 fails mid-way while rank 0 is still busy: all are stopped, the code comes back
+        code = netem.run_workers(
+            network,
+            ["sh", "-c", 'if [ "$RANK" = 1 ]; then exit 3; fi; sleep 30'],
+            max_restarts=1,
+        )
+        assert code == 3
+    assert _ours(network) == set()
+
+
+@needs_netem
+def test_an_exception_inside_the_block_still_removes_everything():
+    network = netem.VirtualNetwork(3, "1gbit")
+    with pytest.raises(RuntimeError, match="boom"), network:
+        assert len(_ours(network)) == 4
+        raise RuntimeError("boom")
+    assert _ours(network) == set()
+
+
+@needs_netem
+def test_sigterm_to_the_launcher_stops_workers_and_removes_namespaces(tmp_path: Path):
+    script = tmp_path / "hold.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import json, sys
+            sys.path.insert(0, {str(REPO_ROOT)!r})
+            from common import netem
+            with netem.terminate_as_exception():
+                net = netem.VirtualNetwork(2, "100mbit")
+                with net:
+                    print(json.dumps(net.namespaces + [net.switch]), flush=True)
+                    netem.run_workers(net, ["sh", "-c", "echo $$ >> {tmp_path}/pids; sleep 60"])
+            """
+        )
+    )
+    process = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        names = json.loads(process.stdout.readline())
+        deadline = time.monotonic() + 30
+        while (
+            time.monotonic() < deadline
+            and len((tmp_path / "pids").read_text().split() if (tmp_path / "pids").exists() else []) < 2
+        ):
+            time.sleep(0.1)
+        pids = [int(p) for p in (tmp_path / "pids").read_text().split()]
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert set(names) & set(netem.list_namespaces()) == set()
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+@needs_netem
+def test_stale_namespaces_of_dead_launchers_are_removed_and_others_kept():
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = f"tw{dead.pid}n0-r0"
+    foreign = f"notours{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", stale], check=True)
+    subprocess.run(["ip", "netns", "add", foreign], check=True)
+    try:
+        assert stale in netem.remove_stale()
+        assert stale not in netem.list_namespaces()
+        assert foreign in netem.list_namespaces()
+    finally:
+        for name in (stale, foreign):
+            subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
+
+
+def _allreduce_seconds(rate: str | None, tmp_path: Path) -> float:
+    out = tmp_path / f"allreduce-{rate}.json"
+    argv = [
+        sys.executable,
+        "-m",
+        "pipelines.netbench",
+        "--op",
+        "all_reduce",
+        "--mbytes",
+        "10",
+        "--repeats",
+        "2",
+    ]
+    with netem.VirtualNetwork(2, rate) as network:
+        code = netem.run_workers(network, [*argv, "--out", str(out)], env={"PYTHONPATH": str(REPO_ROOT)})
+    assert code == 0
+    (result,) = json.loads(out.read_text())["results"]
+    assert result["bytes"] == 10_000_000
+    assert result["ops"] == {"all_reduce": [1.0, 10_000_000.0]}
+    return min(result["seconds"])
+
+
+@needs_netem
+def test_shaped_allreduce_is_slower_than_unshaped_by_about_the_rate(tmp_path: Path):
+    unshaped = _allreduce_seconds(None, tmp_path)
+    shaped = _allreduce_seconds("100mbit", tmp_path)
+    # ring all-reduce, 2 ranks: each sends 2 (p-1)/p * 10 MB = 10 MB = 80 Mbit -> 0.8 s at 100 Mbit/s
+    expected = 0.8
+    assert 0.6 * expected < shaped < 2.5 * expected, (shaped, unshaped)
+    assert unshaped < 0.4 * expected, (shaped, unshaped)
