@@ -127,11 +127,13 @@ def compose(params: Mapping[str, Any], run: str, scale: str | None = None) -> di
     """The flat run parameters of ``run`` at ``scale`` from a pipeline's params.yaml content.
 
     ``params`` has ``defaults`` (optional), ``scale`` (the default scale), ``scales`` (name ->
-    overrides) and ``runs`` (name -> overrides). Unknown run or scale names list the valid ones.
+    overrides) and ``runs`` (name -> overrides); ``runs_from`` (a folder of extra run files) and
+    ``stage`` (settings of the stage driver, not of a run) are read by the pipeline, not here.
+    Unknown run or scale names list the valid ones.
     """
     from .registry import lookup
 
-    allowed_top = {"defaults", "scale", "scales", "runs"}
+    allowed_top = {"defaults", "scale", "scales", "runs", "runs_from", "stage"}
     extra = sorted(set(params) - allowed_top)
     if extra:
         raise ValueError(

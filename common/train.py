@@ -22,6 +22,7 @@ import csv
 import io
 import logging
 import math
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -220,6 +221,7 @@ def train(
     fingerprint = config.fingerprint()
     checkpointer = Checkpointer(out_dir / "ckpt", fingerprint, rank=ctx.rank, world_size=ctx.world_size)
     step, elapsed, window = 0, 0.0, [0.0, 0]
+    non_comm: list[float] = []  # per step: this rank's time outside communication
     train_rows: list[dict[str, Any]] = []
     eval_rows: list[dict[str, Any]] = []
     run_id: str | None = None
@@ -232,6 +234,7 @@ def train(
         strategy.load_state_dict(state["strategy"])
         torch.set_rng_state(state["torch_rng"])
         step, elapsed, window = state["step"], state["elapsed"], state["window"]
+        non_comm = state.get("non_comm", [])
         train_rows, eval_rows, run_id = state["train_rows"], state["eval_rows"], state["mlflow_run_id"]
 
     tracker = Tracker(
@@ -244,6 +247,7 @@ def train(
         "backend": ctx.backend,
         "device": str(ctx.device.type),
         "fingerprint": fingerprint,
+        "network": os.environ.get("THINWIRE_NETWORK", "host"),
         **(tags or {}),
     }
     run_id = tracker.start(_flat_params(config), all_tags) if ctx.is_main else None
@@ -261,6 +265,7 @@ def train(
                 "torch_rng": torch.get_rng_state(),
                 "elapsed": elapsed,
                 "window": window,
+                "non_comm": non_comm,
                 "train_rows": train_rows,
                 "eval_rows": eval_rows,
                 "mlflow_run_id": run_id,
@@ -275,6 +280,7 @@ def train(
     try:
         while step < total_steps:
             start = time.perf_counter()
+            comm_before = strategy.stats.seconds["communicate"]
             epoch, index = divmod(step, steps_per_epoch)
             if epoch != batches_epoch:
                 batches = epoch_batches(
@@ -300,7 +306,9 @@ def train(
                 raise FloatingPointError(f"training loss became {loss_value} at step {step}: lower lr")
             window[0] += loss_value
             window[1] += 1
-            elapsed += time.perf_counter() - start
+            step_seconds = time.perf_counter() - start
+            elapsed += step_seconds
+            non_comm.append(step_seconds - (strategy.stats.seconds["communicate"] - comm_before))
             logged: dict[str, float] = {}
             if step % config.log_every == 0 or step == total_steps:
                 mean_loss = torch.tensor([window[0], float(window[1])], dtype=torch.float64)
@@ -320,7 +328,8 @@ def train(
             if step % config.eval_every == 0 or step == total_steps:
                 strategy.before_eval(model)
                 result = evaluate(model, test_set, ctx, batch_size=max(config.batch_size, 256))
-                eval_rows.append({"step": step, "epoch": epoch, **result})
+                # wall_seconds: training time so far (steps only, not evaluation): time-to-accuracy
+                eval_rows.append({"step": step, "epoch": epoch, "wall_seconds": elapsed, **result})
                 tracker.log_metrics(result, step)
                 logged.update(result)
             info = StepInfo(
@@ -337,6 +346,16 @@ def train(
 
     # -- outputs (rank 0) ----------------------------------------------------------------------------
     stats = strategy.stats.summary()
+    # A synchronous step lasts as long as its slowest rank computes (the others wait inside the
+    # collective): the sum over steps of the slowest rank's non-communication time is the compute a
+    # cost model must add to the wire time. Ranks take turns being slow, so it exceeds every
+    # rank's own total. Instrumentation: not counted as traffic.
+    per_rank = torch.tensor(non_comm, dtype=torch.float64)
+    if ctx.world_size > 1:
+        gathered = [torch.empty_like(per_rank) for _ in range(ctx.world_size)]
+        dist.all_gather(gathered, per_rank)
+        per_rank = torch.stack(gathered).amax(0)
+    sync_compute = float(per_rank.sum())
     final = eval_rows[-1]
     metrics: dict[str, float] = {
         **{k: v for k, v in final.items() if k not in ("step", "epoch")},
@@ -351,6 +370,7 @@ def train(
         "communicate_seconds": stats["communicate_seconds"],
         "compress_seconds": stats["compress_seconds"],
         "decompress_seconds": stats["decompress_seconds"],
+        "sync_compute_seconds": sync_compute,
     }
     if ctx.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -367,6 +387,9 @@ def train(
                 "git_sha": all_tags["git_sha"],
                 "fingerprint": fingerprint,
                 "config": config.to_dict(),
+                "network": os.environ.get("THINWIRE_NETWORK", "host"),
+                # op -> [calls, bytes] per step on rank 0: the traffic a cost model prices
+                "comm_ops_per_step": {k: list(v) for k, v in strategy.stats.ops_per_step().items()},
             },
         )
         tracker.log_metrics({f"final_{k}": v for k, v in metrics.items() if math.isfinite(v)}, step)

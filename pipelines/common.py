@@ -48,11 +48,33 @@ def params_path(pipeline: str) -> Path:
     return path
 
 
+def _read_mapping(path: Path) -> dict[str, Any]:
+    with path.open() as f:
+        data = yaml.safe_load(f) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a mapping, got {type(data).__name__}")
+    return data
+
+
 def load_params(pipeline: str) -> dict[str, Any]:
-    with params_path(pipeline).open() as f:
-        params = yaml.safe_load(f) or {}
-    if not isinstance(params, dict):
-        raise ValueError(f"{params_path(pipeline)} must hold a mapping, got {type(params).__name__}")
+    """A pipeline's params.yaml. With ``runs_from: <folder>``, every ``*.yaml`` in that folder (next
+    to params.yaml) adds its top-level mapping to ``runs``: the leaderboard takes each paper's methods
+    from its own file, so a new paper joins without editing the stage. Duplicate run names fail."""
+    path = params_path(pipeline)
+    params = _read_mapping(path)
+    folder = params.get("runs_from")
+    if folder is not None:
+        runs = dict(params.get("runs") or {})
+        origin = dict.fromkeys(runs, path.name)
+        for extra in sorted((path.parent / str(folder)).glob("*.yaml")):
+            for name, run in _read_mapping(extra).items():
+                if name in runs:
+                    raise ValueError(
+                        f"run {name!r} is defined twice: in {origin[name]} and in {extra.name}; rename one"
+                    )
+                runs[name] = run
+                origin[name] = extra.name
+        params["runs"] = runs
     return params
 
 

@@ -5,6 +5,15 @@
 Bad parameters fail here, before any worker starts. The process then *becomes* torchrun
 (``exec``), so Ctrl-C and DVC's signals reach torchrun, which stops its workers. A worker that
 dies is restarted up to ``max_restarts`` times and resumes from the last checkpoint.
+
+Over a slow network (needs root and iproute2; see :mod:`common.netem`)::
+
+    python -m pipelines.launch baseline fp32 --net-bandwidth 100mbit
+
+starts each rank in its own network namespace behind a link shaped to that rate, restarts all
+ranks like torchrun when one fails, and removes the namespaces on every exit path (success,
+failure, Ctrl-C, SIGTERM). ``--allow-unshaped`` runs plain torchrun instead where emulation is
+unavailable (the run is tagged ``network=host``).
 """
 
 from __future__ import annotations
@@ -14,8 +23,10 @@ import os
 import shutil
 import sys
 
+from common import netem
 from common.data import load_dataset
 from pipelines.common import quiet_environment, run_config
+from pipelines.train import OUT_DIR_ENV, RUN_NAME_ENV
 
 
 def torchrun_command(pipeline: str, run: str, scale: str | None, nproc: int, max_restarts: int) -> list[str]:
@@ -43,19 +54,55 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("pipeline", help="a folder of pipelines/ with a params.yaml")
     parser.add_argument("run", help="a key of that params.yaml's `runs`")
     parser.add_argument("--scale", default=None, help="override params.yaml's `scale`")
+    parser.add_argument(
+        "--net-bandwidth",
+        default=None,
+        metavar="RATE",
+        help="shape every rank's link to RATE (e.g. 100mbit, 1gbit): one network namespace per rank",
+    )
+    parser.add_argument(
+        "--allow-unshaped",
+        action="store_true",
+        help="where network emulation is unavailable (not root, no iproute2), run unshaped instead of failing",
+    )
+    parser.add_argument("--out", default=None, help="results folder (default: results/<pipeline>/<run>)")
+    parser.add_argument("--run-name", default=None, help="MLflow run name (default: the run)")
     args = parser.parse_args(argv)
     quiet_environment()
     try:
         config = run_config(args.pipeline, args.run, args.scale)
+        if args.net_bandwidth is not None:
+            netem.parse_rate(args.net_bandwidth)
         # Missing or corrupt data fails here, once, not in every rank; a cold cache is filled now.
         load_dataset(config.dataset, "test", limit=1, seq_len=config.seq_len)
     except ValueError as error:  # DataError is a ValueError
         raise SystemExit(f"error: {error}") from None
-    command = torchrun_command(args.pipeline, args.run, args.scale, config.world_size, config.max_restarts)
     for key, value in RESTART_SAFE_ENV.items():
         os.environ.setdefault(key, value)
+    if args.out:
+        os.environ[OUT_DIR_ENV] = os.path.abspath(args.out)
+    if args.run_name:
+        os.environ[RUN_NAME_ENV] = args.run_name
+    if args.net_bandwidth is not None:
+        try:
+            netem.check_support()
+        except netem.NetemError as error:
+            if not args.allow_unshaped:
+                raise SystemExit(f"error: {error}") from None
+            print(f"warning: {error}\nwarning: running UNSHAPED (--allow-unshaped)", file=sys.stderr)
+        else:
+            raise SystemExit(run_shaped(args, config.world_size, config.max_restarts))
+    command = torchrun_command(args.pipeline, args.run, args.scale, config.world_size, config.max_restarts)
     sys.stdout.flush()
     os.execv(command[0], command)
+
+
+def run_shaped(args: argparse.Namespace, world_size: int, max_restarts: int) -> int:
+    """One namespace per rank behind ``args.net_bandwidth`` links; always torn down."""
+    argv = [sys.executable, "-m", "pipelines.train", args.pipeline, args.run]
+    argv += ["--scale", args.scale] if args.scale else []
+    with netem.terminate_as_exception(), netem.VirtualNetwork(world_size, args.net_bandwidth) as network:
+        return netem.run_workers(network, argv, max_restarts=max_restarts)
 
 
 # torchrun (2.5+) shares its rendezvous TCPStore with the workers' init_process_group; after a

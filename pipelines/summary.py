@@ -20,8 +20,16 @@ def main() -> None:
     ]
     for path in sorted(RESULTS_DIR.glob("*/report.json")):
         report = json.loads(path.read_text())
-        parts.append(f"\n## {report['pipeline']} (scale `{report['scale']}`)\n\n")
-        parts.append(markdown_table(report["rows"]))
+        if "rows" in report:
+            parts.append(f"\n## {report.get('pipeline', path.parent.name)} (scale `{report['scale']}`)\n\n")
+            parts.append(markdown_table(report["rows"]))
+        else:  # a report with its own layout (the leaderboard): its markdown, headings one level down
+            text = path.with_suffix(".md").read_text()
+            parts.append(
+                "\n"
+                + "\n".join("#" + line if line.startswith("#") else line for line in text.splitlines())
+                + "\n"
+            )
     atomic_write_text(RESULTS_DIR / "summary.md", "".join(parts))
     print("".join(parts))
 

@@ -3,7 +3,9 @@
     torchrun --standalone --nproc_per_node 4 -m pipelines.train baseline fp32
 
 Writes ``results/<pipeline>/<run>/`` (metrics.json, curves, plot.png, run.json, ckpt/) and logs
-to MLflow (experiment = pipeline, run name = run).
+to MLflow (experiment = pipeline, run name = run). The launcher may redirect both through the
+environment (``THINWIRE_OUT_DIR``, ``THINWIRE_RUN_NAME``): torchrun would mistake options after
+the module name for its own.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ from collections.abc import Callable
 from common.distributed import init_from_env, shutdown
 from common.train import StepInfo, train
 from pipelines.common import load_params, quiet_environment, run_config, run_dir, setup_logging
+
+OUT_DIR_ENV = "THINWIRE_OUT_DIR"
+RUN_NAME_ENV = "THINWIRE_RUN_NAME"
 
 
 def progress_bar() -> Callable[[StepInfo], None]:
@@ -54,15 +59,17 @@ def main(argv: list[str] | None = None) -> None:
     setup_logging(rank)
     config = run_config(args.pipeline, args.run, args.scale)
     scale = args.scale or load_params(args.pipeline)["scale"]
+    out_dir = os.environ.get(OUT_DIR_ENV) or run_dir(args.pipeline, args.run)
+    run_name = os.environ.get(RUN_NAME_ENV) or args.run
     ctx = init_from_env()
     try:
         callbacks = [progress_bar()] if ctx.is_main else []
         metrics = train(
             config,
-            run_dir(args.pipeline, args.run),
+            out_dir,
             experiment=args.pipeline,
-            run_name=args.run,
-            tags={"scale": scale, "pipeline": args.pipeline},
+            run_name=run_name,
+            tags={"scale": scale, "pipeline": args.pipeline, "method": args.run},
             callbacks=callbacks,
             ctx=ctx,
         )

@@ -75,7 +75,7 @@ def test_outputs_and_metrics(reference):
     assert 9.0 <= metrics["compression_factor"] <= 10.0
     assert metrics["test_accuracy"] > 0.25  # chance is 0.1; 48 small steps
     assert (out / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert (out / "eval_curve.csv").read_text().startswith("step,epoch,test_loss,test_accuracy")
+    assert (out / "eval_curve.csv").read_text().startswith("step,epoch,wall_seconds,test_loss,test_accuracy")
     run = json.loads((out / "run.json").read_text())
     assert run["config"]["compressor"] == "randomk" and run["mlflow_run_id"] is None
 

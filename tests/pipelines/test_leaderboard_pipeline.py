@@ -1,0 +1,97 @@
+"""Calibration and leaderboard at smoke scale over real shaped links, in a temporary copy of the repo."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from common import netem
+from common.paths import cache_root, data_root
+from tests.helpers.processes import run_group
+from tests.pipelines.test_baseline_pipeline import _copy_repo
+
+pytestmark = pytest.mark.skipif(
+    not netem.supported(), reason="needs root and iproute2 (ip, tc) for network namespaces"
+)
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory) -> tuple[Path, dict[str, str]]:
+    root = tmp_path_factory.mktemp("repo")
+    _copy_repo(root)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(root),
+        "THINWIRE_DATA": str(data_root()),
+        "THINWIRE_CACHE": str(cache_root()),  # decoded once, shared: read-only use
+        "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}",
+    }
+    return root, env
+
+
+def _run(root: Path, env: dict[str, str], *args: str, timeout: float = 600):
+    result = run_group([sys.executable, "-m", *args], cwd=root, env=env, timeout=timeout)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def test_calibration_then_leaderboard(repo):
+    root, env = repo
+    _run(
+        root,
+        env,
+        "pipelines.calibrate",
+        "--scale",
+        "smoke",
+        "--workers",
+        "2",
+        "--bandwidths",
+        "200mbit",
+        "1gbit",
+    )
+    fit = json.loads((root / "results/costmodel/fit.json").read_text())
+    assert len(fit["rows"]) == 4  # 1 worker count x 2 bandwidths x 2 methods
+    assert fit["params"]["efficiency"] > 0.5  # the links are really shaped: wire time dominates
+    assert (root / "results/costmodel/fit.png").stat().st_size > 0
+    table = (root / "results/costmodel/fit.md").read_text()
+    assert "| fp32 | 2 | 200 Mbit/s |" in table and "| topk1_ef | 2 | 1 Gbit/s |" in table
+
+    _run(
+        root,
+        env,
+        "pipelines.leaderboard",
+        "--scale",
+        "smoke",
+        "--methods",
+        "fp32",
+        "topk1_ef",
+        "--bandwidths",
+        "200mbit",
+    )
+    report = json.loads((root / "results/leaderboard/report.json").read_text())
+    rows = {r["method"]: r for r in report["tables"]["200mbit"]}
+    assert set(rows) == {"fp32", "topk1_ef"}
+    assert rows["fp32"]["network"] == "200mbit"
+    assert rows["fp32"]["speedup_to_target"] == pytest.approx(1.0)
+    assert rows["topk1_ef"]["bits_per_step"] < rows["fp32"]["bits_per_step"] / 10
+    assert rows["fp32"]["modelled_step_ms"] > 0
+    assert {r["method"] for r in report["extrapolation"]} == {"fp32", "topk1_ef"}
+    text = (root / "results/leaderboard/report.md").read_text()
+    assert "Extrapolation" in text and "512 workers" in text
+    assert (root / "results/leaderboard/leaderboard.png").stat().st_size > 0
+
+
+def test_a_bad_method_fails_before_any_network_is_built(repo):
+    root, env = repo
+    result = run_group(
+        [sys.executable, "-m", "pipelines.leaderboard", "--methods", "nope", "--report-only"],
+        cwd=root,
+        env=env,
+        timeout=120,
+    )
+    assert result.returncode != 0
+    assert "unknown method(s) nope" in result.stderr
