@@ -32,7 +32,9 @@ def test_bad_arguments_are_named():
         netem.VirtualNetwork(2, "fast")
     shape = netem.LinkShape.for_rate("100mbit")
     assert shape.rate_bps == 1e8
-    assert shape.burst_bytes >= 64 * 1024  # one GSO super-packet fits the bucket
+    assert shape.burst_bytes == 128 * 1024  # two GSO super-packets: TCP keeps the rate (measured)
+    assert netem.LinkShape.for_rate("1gbit").burst_bytes == 187_500
+    assert netem.LinkShape.for_rate("100gbit").burst_bytes == 1 << 20
     assert netem.rate_label(1e8) == "100mbit" and netem.rate_label(2.5e9) == "2.5gbit"
 
 
