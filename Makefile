@@ -30,9 +30,9 @@ $(STAMP): requirements.txt pyproject.toml
 	touch $@
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check common kernels pipelines tests benchmarks
-	$(VENV)/bin/ruff format --check common kernels pipelines tests benchmarks
-	$(VENV)/bin/mypy common kernels
+	$(VENV)/bin/ruff check common kernels papers pipelines tests benchmarks
+	$(VENV)/bin/ruff format --check common kernels papers pipelines tests benchmarks
+	$(VENV)/bin/mypy common kernels papers
 
 test: lint
 	$(PY) -m pytest

@@ -128,13 +128,14 @@ def compose(params: Mapping[str, Any], run: str, scale: str | None = None) -> di
 
     ``params`` has ``defaults`` (optional), ``scale`` (the default scale), ``scales`` (name ->
     overrides) and ``runs`` (name -> overrides); ``runs_from`` (a folder of extra run files) and
-    ``stage`` (settings of the stage driver, not of a run) are read by the pipeline, not here.
-    Unknown run or scale names list the valid ones.
+    ``stage`` (settings of the stage driver, not of a run) are read by the pipeline, not here;
+    keys starting with ``.`` only hold YAML anchors for the runs to merge. Unknown run or scale
+    names list the valid ones.
     """
     from .registry import lookup
 
     allowed_top = {"defaults", "scale", "scales", "runs", "runs_from", "stage"}
-    extra = sorted(set(params) - allowed_top)
+    extra = sorted(k for k in set(params) - allowed_top if not str(k).startswith("."))
     if extra:
         raise ValueError(
             f"unknown top-level key(s) {', '.join(extra)} in params; allowed: {', '.join(sorted(allowed_top))}"

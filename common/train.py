@@ -390,6 +390,8 @@ def train(
                 "network": os.environ.get("THINWIRE_NETWORK", "host"),
                 # op -> [calls, bytes] per step on rank 0: the traffic a cost model prices
                 "comm_ops_per_step": {k: list(v) for k, v in strategy.stats.ops_per_step().items()},
+                # tensors per transport route, where a method picks one (TernGrad: all-gather or int8)
+                "routes": dict(strategy.stats.routes),
             },
         )
         tracker.log_metrics({f"final_{k}": v for k, v in metrics.items() if math.isfinite(v)}, step)

@@ -25,8 +25,8 @@ import sys
 
 from common import netem
 from common.data import load_dataset
-from pipelines.common import quiet_environment, run_config
-from pipelines.train import OUT_DIR_ENV, RUN_NAME_ENV
+from pipelines.common import quiet_environment
+from pipelines.train import OUT_DIR_ENV, RUN_NAME_ENV, SEED_ENV, resolve_config
 
 
 def torchrun_command(pipeline: str, run: str, scale: str | None, nproc: int, max_restarts: int) -> list[str]:
@@ -67,10 +67,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--out", default=None, help="results folder (default: results/<pipeline>/<run>)")
     parser.add_argument("--run-name", default=None, help="MLflow run name (default: the run)")
+    parser.add_argument("--seed", type=int, default=None, help="override the run's seed (repeats of one run)")
     args = parser.parse_args(argv)
     quiet_environment()
+    if args.seed is not None:
+        os.environ[SEED_ENV] = str(args.seed)
     try:
-        config = run_config(args.pipeline, args.run, args.scale)
+        config = resolve_config(args.pipeline, args.run, args.scale)
         if args.net_bandwidth is not None:
             netem.parse_rate(args.net_bandwidth)
         # Missing or corrupt data fails here, once, not in every rank; a cold cache is filled now.

@@ -11,17 +11,27 @@ the module name for its own.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
 from collections.abc import Callable
 
+from common.config import RunConfig
 from common.distributed import init_from_env, shutdown
 from common.train import StepInfo, train
 from pipelines.common import load_params, quiet_environment, run_config, run_dir, setup_logging
 
 OUT_DIR_ENV = "THINWIRE_OUT_DIR"
 RUN_NAME_ENV = "THINWIRE_RUN_NAME"
+SEED_ENV = "THINWIRE_SEED"  # overrides the run's seed (repeated runs of one configuration)
+
+
+def resolve_config(pipeline: str, run: str, scale: str | None) -> RunConfig:
+    """The run's config with the launcher's overrides (seed) applied."""
+    config = run_config(pipeline, run, scale)
+    seed = os.environ.get(SEED_ENV)
+    return dataclasses.replace(config, seed=int(seed)) if seed else config
 
 
 def progress_bar() -> Callable[[StepInfo], None]:
@@ -57,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     quiet_environment()
     rank = int(os.environ.get("RANK", "0"))
     setup_logging(rank)
-    config = run_config(args.pipeline, args.run, args.scale)
+    config = resolve_config(args.pipeline, args.run, args.scale)
     scale = args.scale or load_params(args.pipeline)["scale"]
     out_dir = os.environ.get(OUT_DIR_ENV) or run_dir(args.pipeline, args.run)
     run_name = os.environ.get(RUN_NAME_ENV) or args.run

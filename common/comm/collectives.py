@@ -46,6 +46,16 @@ def all_reduce_sum_(tensor: Tensor, *, stats: CommStats | None = None, group: Pr
     return tensor
 
 
+def all_reduce_max_(tensor: Tensor, *, stats: CommStats | None = None, group: ProcessGroup = None) -> Tensor:
+    """Elementwise max over ranks, in place (counted as an all-reduce). No-op at world size 1."""
+    if get_world_size(group) == 1:
+        return tensor
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group)
+    if stats is not None:
+        stats.add_call("all_reduce", _bits(tensor))
+    return tensor
+
+
 def broadcast_(
     tensor: Tensor, src: int = 0, *, stats: CommStats | None = None, group: ProcessGroup = None
 ) -> Tensor:

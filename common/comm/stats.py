@@ -33,6 +33,7 @@ class CommStats:
     steps: int = 0
     calls: Counter[str] = field(default_factory=Counter)
     bits_by_op: Counter[str] = field(default_factory=Counter)  # what the cost model needs per op
+    routes: Counter[str] = field(default_factory=Counter)  # tensors per transport route, where one is chosen
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
 
     def add_call(self, op: str, bits: int) -> None:
@@ -87,6 +88,7 @@ class CommStats:
             "steps": self.steps,
             "calls": dict(self.calls),
             "bits_by_op": dict(self.bits_by_op),
+            "routes": dict(self.routes),
             "seconds": dict(self.seconds),
         }
 
@@ -96,4 +98,5 @@ class CommStats:
         self.steps = int(state["steps"])
         self.calls = Counter(state["calls"])
         self.bits_by_op = Counter(state.get("bits_by_op", {}))
+        self.routes = Counter(state.get("routes", {}))
         self.seconds = dict(state["seconds"])

@@ -19,7 +19,14 @@ from torch.futures import Future
 
 from ..compressors.base import Compressor, CompressorRNG, Payload
 from ..feedback import ErrorFeedback
-from .collectives import ProcessGroup, all_gather_variable, all_reduce_sum_, get_rank, get_world_size
+from .collectives import (
+    ProcessGroup,
+    all_gather_variable,
+    all_reduce_max_,
+    all_reduce_sum_,
+    get_rank,
+    get_world_size,
+)
 from .stats import CommStats
 
 log = logging.getLogger(__name__)
@@ -114,6 +121,7 @@ class GradientSync:
         self._rng: CompressorRNG | None = None
         self._rng_state: dict[str, Tensor] | None = None
         self.param_names: dict[int, str] = {}
+        self._fp32_checked = False
 
     @property
     def transport(self) -> str:
@@ -137,6 +145,7 @@ class GradientSync:
     def sync(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
         """Average the given tensors (typically gradients) over ranks, in place; one step."""
         named = [(name, t) for name, t in named_tensors]
+        self._check_fp32_layers([name for name, _ in named])
         for bucket in self._buckets(named):
             names = [name for name, _ in bucket]
             tensors = [t for _, t in bucket]
@@ -180,6 +189,8 @@ class GradientSync:
 
         The input may be overwritten (an all-reduce works in place) and may be the result.
         """
+        if hasattr(self.compressor, "shared_scaler"):
+            return self._reduce_ternary(names, flat, sizes)
         steps = [self._compress(*unit) for unit in self._units(names, flat, sizes)]
         with self.stats.phase("communicate", flat.device):
             if self.use_allreduce:
@@ -305,6 +316,127 @@ class GradientSync:
         if world > 1:
             self.stats.dense_bits += step.flat.numel() * 32
         return mean
+
+    # -- scaler-sharing ternary codes (TernGrad) -----------------------------------------------------
+
+    def _code_route(self, world: int) -> str:
+        """Per tensor: all-gather 2-bit codes (2 (W-1) bits per element through each rank) or
+        all-reduce int8 code sums (ring: 8 x 2 (W-1) / W); "auto" takes the fewer bits: all-reduce
+        from W = 9 on."""
+        compressor = self.compressor
+        choice = getattr(compressor, "code_transport", "auto")
+        if not getattr(compressor, "shared_scaler", False):
+            return "allgather"
+        if choice != "auto":
+            return str(choice)
+        return "allreduce" if 8 * 2 * (world - 1) / world < 2 * (world - 1) else "allgather"
+
+    def _check_fp32_layers(self, names: Sequence[str]) -> None:
+        """Unknown names in the compressor's fp32 list fail at the first step, naming the known ones."""
+        wanted = getattr(self.compressor, "fp32_layers", ())
+        if not wanted or self._fp32_checked:
+            return
+        unknown = [n for n in wanted if not any(x == n or x.startswith(n + ".") for x in names)]
+        if unknown:
+            raise ValueError(
+                f"fp32_layers names no parameter or module here: {', '.join(unknown)}; "
+                f"parameters: {', '.join(names)}"
+            )
+        self._fp32_checked = True
+
+    def _reduce_ternary(self, names: Sequence[str], flat: Tensor, sizes: Sequence[int]) -> Tensor:
+        """TernGrad's step: compensate; agree on the max scaler per tensor (one small all-reduce);
+        ternarize; per tensor all-gather the packed codes or all-reduce int8 code sums (which sent
+        is counted in ``stats.routes``); tensors the compressor keeps in fp32 are all-reduced
+        densely. Returns the mean over ranks and updates the residuals."""
+        compressor = self.compressor
+        world = get_world_size(self.group)
+        device = flat.device
+        ef = self.error_feedback
+        if self.param_names:  # the DDP hook sees one bucket at a time: check against the module
+            self._check_fp32_layers(list(self.param_names.values()))
+        units = self._units(names, flat, sizes)
+        keep_fp32 = getattr(compressor, "keeps_fp32", lambda name, numel: False)
+        rng = self.rng(device)
+        with self.stats.phase("compress", device):
+            compensated = [ef.compensate(n, f, z) if ef is not None else f for n, f, z in units]
+            dense = [all(keep_fp32(n, z) for n, z in zip(u[0], u[2], strict=True)) for u in units]
+            ternary = [i for i, d in enumerate(dense) if not d]
+            scalers = (
+                torch.stack([compressor.scaler(compensated[i]) for i in ternary])  # type: ignore[attr-defined]
+                if ternary
+                else torch.zeros(0, device=device)
+            )
+        if ternary and getattr(compressor, "shared_scaler", False):
+            with self.stats.phase("communicate", device):
+                all_reduce_max_(scalers, stats=self.stats, group=self.group)
+        route = self._code_route(world)
+        code_dtype = torch.int8 if world <= 127 else torch.int16
+        payloads: dict[int, Payload] = {}
+        sent: list[Tensor | None] = [None] * len(units)
+        with self.stats.phase("compress", device):
+            shared = getattr(compressor, "shared_scaler", False)
+            for j, i in enumerate(ternary):
+                payloads[i] = compressor.compress(  # type: ignore[call-arg]
+                    compensated[i], rng, scaler=scalers[j] if shared else None
+                )
+                if ef is not None:
+                    sent[i] = compressor.decompress(payloads[i])
+            for i in range(len(units)):
+                if dense[i]:
+                    sent[i] = compensated[i]
+                    self.stats.routes["fp32-allreduce"] += 1
+                else:
+                    self.stats.routes[
+                        f"{compressor.name}-{'int8-allreduce' if route == 'allreduce' else 'allgather'}"
+                    ] += 1
+            summed = [i for i in ternary if route == "allreduce"]
+            gathered_units = [i for i in ternary if route != "allreduce"]
+            code_sum = (
+                torch.cat([compressor.codes(payloads[i]).to(code_dtype) for i in summed])  # type: ignore[attr-defined]
+                if summed
+                else None
+            )
+            dense_ids = [i for i, d in enumerate(dense) if d]
+            dense_sum = (
+                torch.cat([compensated[i].reshape(-1).float() for i in dense_ids]) if dense_ids else None
+            )
+        gathered: dict[int, list[Payload]] = {}
+        with self.stats.phase("communicate", device):
+            if code_sum is not None:
+                all_reduce_sum_(code_sum, stats=self.stats, group=self.group)
+            if dense_sum is not None:
+                all_reduce_sum_(dense_sum, stats=self.stats, group=self.group)
+            if gathered_units:
+                steps = [_Step([], [], flat, flat, payloads[i], None) for i in gathered_units]
+                for i, g in zip(gathered_units, self._all_gather_payloads(steps), strict=True):
+                    gathered[i] = g
+        means: list[Tensor] = []
+        code_parts = iter(
+            code_sum.split([units[i][1].numel() for i in summed]) if code_sum is not None else []
+        )
+        dense_parts = iter(
+            dense_sum.split([units[i][1].numel() for i in dense_ids]) if dense_sum is not None else []
+        )
+        with self.stats.phase("decompress", device):
+            for i, (unit_names, unit_flat, unit_sizes) in enumerate(units):
+                if dense[i]:
+                    total = next(dense_parts)
+                elif i in gathered:
+                    total = compressor.aggregate(gathered[i])
+                else:
+                    j = ternary.index(i)
+                    total = compressor.decode_sum(  # type: ignore[attr-defined]
+                        next(code_parts), scalers[j], unit_flat.shape, torch.float32
+                    )
+                means.append(total.reshape(-1).to(unit_flat.dtype).div_(world))
+                if ef is not None:
+                    sent_i = sent[i]
+                    assert sent_i is not None
+                    ef.update(unit_names, compensated[i], sent_i.reshape(-1), unit_sizes)
+                if world > 1:
+                    self.stats.dense_bits += unit_flat.numel() * 32
+        return means[0] if len(means) == 1 else torch.cat(means)
 
     # -- checkpointing ----------------------------------------------------------------------------
 

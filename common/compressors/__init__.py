@@ -15,6 +15,7 @@ from .base import Compressor, CompressorRNG, Payload, check_density, num_kept
 from .cast import BF16, FP16
 from .identity import Identity
 from .randomk import RandomK
+from .terngrad import TernGrad
 from .topk import TopK
 
 COMPRESSORS: dict[str, type[Compressor]] = {
@@ -23,6 +24,7 @@ COMPRESSORS: dict[str, type[Compressor]] = {
     "bf16": BF16,
     "topk": TopK,
     "randomk": RandomK,
+    "terngrad": TernGrad,
 }
 
 

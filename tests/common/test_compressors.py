@@ -22,6 +22,7 @@ CONFIGS = {
         {"density": 0.1, "scaled": False},
         {"density": 0.1, "shared_indices": False},
     ],
+    "terngrad": [{}, {"clip": None}],
 }
 CASES = [(name, opts) for name, options in CONFIGS.items() for opts in options]
 
@@ -146,7 +147,8 @@ def test_density_outside_unit_interval_is_rejected(density):
 
 def test_unknown_name_and_option_errors_list_the_valid_ones():
     with pytest.raises(
-        ValueError, match="unknown compressor 'tpok'; valid names: bf16, fp16, identity, randomk, topk"
+        ValueError,
+        match="unknown compressor 'tpok'; valid names: bf16, fp16, identity, randomk, terngrad, topk",
     ):
         build_compressor("tpok")
     with pytest.raises(ValueError, match="unknown option.*ratio.*allowed: density"):

@@ -1,0 +1,194 @@
+"""TernGrad: stochastic ternarization with one scaler per tensor (Wen et al., NeurIPS 2017).
+
+Algorithm, for a tensor x of N elements (float32 math whatever x's dtype):
+
+1. Clipping (optional, ``clip = c``; the paper uses c = 2.5): ``g = clamp(x, -c*sigma, c*sigma)`` with
+   ``sigma = std(x)`` (population std). When sigma == 0 (a 1-element or constant tensor) nothing is
+   an outlier and nothing is clipped.
+2. Scaler: ``s = max_i |g_i|`` (or a larger scaler agreed on by all workers, see below).
+3. Ternarize: ``t_i = sign(g_i) * b_i`` with ``b_i ~ Bernoulli(|g_i| / s)`` drawn from ``rng.local``;
+   the estimate is ``s * t``. Since ``E[s * t_i] = s * sign(g_i) * |g_i| / s = g_i``, the estimate is
+   unbiased for g, hence for x exactly when nothing is clipped (``clip=None``); with clipping it is
+   biased towards zero on the outliers only (the paper's variance-reduction trade-off). If s == 0
+   (an all-zero tensor) every code is 0.
+
+Payload layout (``wire``, both 1-D):
+
+- ``"codes"``: uint8, ``ceil(N / 4)`` bytes, 2-bit codes packed four per byte little-endian
+  (``kernels.pack_bits`` layout: element i in bits ``2 * (i % 4)`` of byte ``i // 4``), with the
+  mapping ``0 -> 0, +1 -> 1, -1 -> 2`` (3 is never written and decodes to 0).
+- ``"scaler"``: float32, 1 element.
+
+Bits on the wire: ``8 * ceil(N / 4) + 32``, i.e. 2 bits per element plus 32 bits per tensor.
+``local`` holds only ``numel`` (the same on every rank).
+
+Scaler sharing (the paper's ``max_scalers``): if every worker ternarizes with the same scaler
+``s = max_w s_w``, the integer codes of all workers can be summed directly (an int8 all-reduce of W
+values in {-1, 0, 1} fits for W <= 127) and decoded once: ``s * sum_w t_w`` (:meth:`TernGrad.decode_sum`).
+Agreeing on that scaler (one small max all-reduce of :meth:`TernGrad.scaler` before compressing) is
+the transport's job (GradientSync), which then passes ``scaler=`` to :meth:`TernGrad.compress`. Without
+it each rank uses its own scaler and the payloads are all-gathered (``linear = False``).
+
+Sampling and packing are fused in ``kernels.ternarize`` (Triton on CUDA, the pure-torch reference
+elsewhere); decoding uses ``kernels.ternary_decode_accumulate`` and ``kernels.unpack_bits``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from kernels import ternarize, ternary_decode_accumulate, unpack_bits
+
+from .base import Compressor, CompressorRNG, Payload
+
+CODE_TRANSPORTS = ("auto", "allgather", "allreduce")
+
+#: Relative slack allowed when a given scaler is slightly below max|g| (float rounding in transit).
+SCALER_SLACK = 1e-6
+
+
+def check_clip(clip: float | None) -> float | None:
+    """Validate the clipping factor c (clip at c * sigma): a positive finite number, or None."""
+    if clip is None:
+        return None
+    if isinstance(clip, bool) or not isinstance(clip, int | float) or not math.isfinite(clip) or not clip > 0:
+        raise ValueError(
+            f"clip must be a positive finite number (c in c*sigma clipping) or None, got {clip!r}"
+        )
+    return float(clip)
+
+
+class TernGrad(Compressor):
+    """TernGrad (Wen et al. 2017): 2-bit stochastic ternary codes and one fp32 scaler per tensor.
+
+    ``clip``: c in the paper's clipping at c * sigma (default 2.5); ``None`` disables clipping.
+    ``unbiased`` is True exactly when nothing is clipped (``clip=None``). Not linear: the wire holds
+    packed codes with a per-rank scaler; summing codes is valid only with a shared scaler, which
+    the transport arranges (:meth:`scaler`, :meth:`codes`, :meth:`decode_sum`). Fixed size:
+    ``8 * ceil(numel / 4) + 32`` bits for every rank.
+    """
+
+    name = "terngrad"
+    linear = False
+    fixed_size = True
+
+    def __init__(
+        self,
+        clip: float | None = 2.5,
+        shared_scaler: bool = True,
+        code_transport: str = "auto",
+        fp32_below: int = 0,
+        fp32_layers: Sequence[str] = (),
+    ) -> None:
+        self.clip = check_clip(clip)
+        self.unbiased = self.clip is None
+        if not isinstance(shared_scaler, bool):
+            raise ValueError(f"shared_scaler must be true or false, got {shared_scaler!r}")
+        if code_transport not in CODE_TRANSPORTS:
+            raise ValueError(
+                f"unknown code_transport {code_transport!r}; valid: {', '.join(CODE_TRANSPORTS)} "
+                "(auto picks per tensor the one that sends fewer bits)"
+            )
+        if code_transport == "allreduce" and not shared_scaler:
+            raise ValueError("code_transport='allreduce' sums codes, which needs shared_scaler=True")
+        if isinstance(fp32_below, bool) or not isinstance(fp32_below, int) or fp32_below < 0:
+            raise ValueError(
+                f"fp32_below must be an integer >= 0 (tensors with fewer entries stay fp32), got {fp32_below!r}"
+            )
+        if isinstance(fp32_layers, str) or not all(isinstance(n, str) for n in fp32_layers):
+            raise ValueError(f"fp32_layers must be a list of parameter or module names, got {fp32_layers!r}")
+        #: Workers agree on the max scaler per tensor (one small max all-reduce), so codes can be summed.
+        self.shared_scaler = shared_scaler
+        self.code_transport = code_transport
+        self.fp32_below = fp32_below
+        self.fp32_layers = tuple(fp32_layers)
+
+    def keeps_fp32(self, name: str, numel: int) -> bool:
+        """The paper's exceptions: small tensors (< ``fp32_below`` entries) and the named layers
+        (a parameter name, or a module name covering its weight and bias) are sent in fp32."""
+        return numel < self.fp32_below or any(name == n or name.startswith(n + ".") for n in self.fp32_layers)
+
+    # ----------------------------------------------------------------------------------- encoder
+    def clip_tensor(self, x: Tensor) -> Tensor:
+        """``x`` (as float32) clamped to ``[-c*sigma, c*sigma]``, sigma its population std.
+
+        No-op when ``clip`` is None, and when sigma == 0 (a 1-element or constant tensor: no entry
+        deviates from the mean, and clamping to 0 would erase the gradient). No host synchronisation.
+        """
+        x32 = x.float()
+        if self.clip is None or x32.numel() == 0:
+            return x32
+        sigma = x32.std(unbiased=False)
+        bound = torch.where(sigma > 0, self.clip * sigma, torch.full_like(sigma, math.inf))
+        return torch.clamp(x32, min=-bound, max=bound)
+
+    def scaler(self, x: Tensor) -> Tensor:
+        """The 0-dim float32 scaler this rank would use on its own: ``max |clip(x)|`` (0 if empty)."""
+        g = self.clip_tensor(x)
+        if g.numel() == 0:
+            return torch.zeros((), dtype=torch.float32, device=x.device)
+        return g.abs().amax()
+
+    def compress(self, x: Tensor, rng: CompressorRNG, scaler: Tensor | float | None = None) -> Payload:
+        """Ternarize ``x``; ``scaler`` (shared by all ranks) must be >= max|clip(x)|, else ValueError."""
+        g_N = self.clip_tensor(x).reshape(-1)
+        numel = g_N.numel()
+        own = g_N.abs().amax() if numel else torch.zeros((), dtype=torch.float32, device=g_N.device)
+        if scaler is None:
+            s = own
+        else:
+            s = torch.as_tensor(scaler, dtype=torch.float32).to(g_N.device).reshape(())
+            # One host sync: the Bernoulli probabilities |g| / s must be <= 1 (and s a real number).
+            if bool(~(s >= 0) | (own > s * (1 + SCALER_SLACK))):
+                raise ValueError(
+                    f"scaler must be >= max|clip(x)| = {own.item():.9g} (probabilities |g|/s must be "
+                    f"<= 1; relative slack {SCALER_SLACK}), got {s.item():.9g}"
+                )
+        generator = rng.local
+        if generator.device == g_N.device:
+            packed_M = ternarize(g_N, s, generator=generator)
+        else:  # e.g. a CPU generator with CUDA tensors: draw on the generator's device, then move
+            noise_N = torch.rand(numel, generator=generator, device=generator.device, dtype=torch.float32)
+            packed_M = ternarize(g_N, s, noise=noise_N.to(g_N.device))
+        return Payload(
+            wire={"codes": packed_M, "scaler": s.reshape(1)},
+            shape=x.shape,
+            dtype=x.dtype,
+            local={"numel": numel},
+        )
+
+    # ----------------------------------------------------------------------------------- decoder
+    def decompress(self, payload: Payload) -> Tensor:
+        """``s * t`` in the payload's shape and dtype."""
+        out_N = ternary_decode_accumulate(payload.wire["codes"], payload.wire["scaler"], payload.numel)
+        return out_N.reshape(payload.shape).to(payload.dtype)
+
+    def aggregate(self, payloads: Sequence[Payload]) -> Tensor:
+        """``sum_w s_w * t_w``: all payloads decoded in one pass, accumulated in fp32 in rank order."""
+        first = payloads[0]
+        packed_W_M = torch.stack([p.wire["codes"] for p in payloads])
+        scalers_W = torch.cat([p.wire["scaler"].reshape(1).float() for p in payloads])
+        out_N = ternary_decode_accumulate(packed_W_M, scalers_W, first.numel)
+        return out_N.reshape(first.shape).to(first.dtype)
+
+    def codes(self, payload: Payload) -> Tensor:
+        """The flat int8 ternary values {-1, 0, 1} (numel entries) decoded from the wire."""
+        codes_N = unpack_bits(payload.wire["codes"], 2, payload.numel)
+        # 0 -> 0, 1 -> +1, 2 -> -1 (and the unused 3 -> 0, as in the kernels' decoder)
+        return (codes_N & 1).to(torch.int8) - (codes_N >> 1).to(torch.int8)
+
+    def decode_sum(
+        self, code_sum: Tensor, scaler: Tensor | float, shape: Sequence[int], dtype: torch.dtype
+    ) -> Tensor:
+        """``scaler * code_sum`` reshaped to ``shape``, in ``dtype``.
+
+        ``code_sum`` is the elementwise sum (int8 / int32) of the :meth:`codes` of several ranks that
+        all compressed with the same shared ``scaler``: with shared scalers, decoding the sum equals
+        the sum of the decodes (up to fp32 rounding of the sum).
+        """
+        s = torch.as_tensor(scaler, dtype=torch.float32).to(code_sum.device).reshape(())
+        return (code_sum.to(torch.float32) * s).reshape(tuple(shape)).to(dtype)
