@@ -151,6 +151,7 @@ def plot(fit: costmodel.Fit, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib import ticker
 
     fig, ax = plt.subplots(figsize=(5.5, 5))
     for label in sorted({r.label for r in fit.rows}):
@@ -163,6 +164,11 @@ def plot(fit: costmodel.Fit, path: Path) -> None:
     ax.plot([0, top], [0, top], "k--", lw=0.8)
     ax.fill_between([0, top], [0, top * 0.75], [0, top * 1.25], color="grey", alpha=0.15, label="±25%")
     ax.set(xlabel="measured step time (ms)", ylabel="modelled step time (ms)", xscale="log", yscale="log")
+    ticks = [t for t in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000) if t <= top]
+    for axis in (ax.xaxis, ax.yaxis):  # plain numbers at 1-2-5 steps; the default minor labels overlap
+        axis.set_major_locator(ticker.FixedLocator(ticks))
+        axis.set_major_formatter(ticker.ScalarFormatter())
+        axis.set_minor_formatter(ticker.NullFormatter())
     ax.set_title("cost model: modelled vs measured step time", fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()

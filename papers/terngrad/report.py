@@ -12,6 +12,7 @@ TernGrad within 1 point of fp32), ``curves.png`` (accuracy and loss, mean over s
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import statistics
@@ -149,17 +150,34 @@ def main() -> None:
     text = markdown(rows, scale)
     perf_rows: list[dict[str, Any]] = []
     if FIT.exists():
-        params = costmodel.LinkParams(**json.loads(FIT.read_text())["params"])
+        settings = (load_params("terngrad").get("stage") or {}).get("perf_model") or {}
+        fitted = costmodel.LinkParams(**json.loads(FIT.read_text())["params"])
+        params = fitted
+        if settings.get("alpha_us") is not None:
+            params = dataclasses.replace(fitted, alpha=float(settings["alpha_us"]) * 1e-6)
+        rates = [costmodel.parse_rate(r) for r in settings.get("bandwidths", ("1gbit", "10gbit"))]
         runs = [
             (r["_measured"], r["variant"] != "fp32") for r in rows if r["variant"] in ("fp32", "terngrad")
         ]
-        perf_rows = perf_model.throughput_table(runs, params, rates=(1e9, 10e9))
+        perf_rows = perf_model.throughput_table(runs, params, rates=rates)
         perf_model.plot(
             perf_rows,
             OUT / "perf_model.png",
             "TernGrad's performance model, measured compute and traffic, calibrated links (results/costmodel)",
         )
-        text += "\n## Performance model (modelled samples / s; compute and traffic measured, links calibrated)\n\n"
+        text += (
+            "\n## Performance model (modelled samples / s)\n\n"
+            "Per-step compute (the slowest rank's, compression included) and traffic measured in the seed-0 "
+            "runs above; link efficiency "
+            f"{fitted.efficiency:.3f} and gamma {fitted.gamma * 1e9:.2f} ns/byte calibrated (results/costmodel/fit.md); "
+            + (
+                f"alpha {params.alpha * 1e6:.0f} µs ASSUMED for a cluster network "
+                f"(the calibrated {fitted.alpha * 1e6:.0f} µs is ranks sharing 2 cores). "
+                if params.alpha != fitted.alpha
+                else f"alpha {fitted.alpha * 1e6:.0f} µs calibrated. "
+            )
+            + "TernGrad takes the cheaper of its two code transports at each worker count.\n\n"
+        )
         text += "| run | bandwidth | " + " | ".join(f"{w} workers" for w in perf_model.WORKERS) + " |\n"
         text += "|---|---|" + "---:|" * len(perf_model.WORKERS) + "\n"
         for run in sorted({r["run"] for r in perf_rows}):

@@ -268,7 +268,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
             )
         target = 100 * result["tables"][rate][0]["target_accuracy"]
         ax.axhline(target, color="k", ls="--", lw=0.8, label="target")
-        ax.set(xlabel="training wall-clock (s)", ylabel="test accuracy (%)", xscale="log",
+        ax.set(xlabel="training wall-clock (s)", ylabel="test accuracy (%)",
                ylim=(max(0.0, target - 15), 100))  # fmt: skip
         ax.set_title(f"{costmodel.format_rate(costmodel.parse_rate(rate))}, 4 workers")
         ax.grid(alpha=0.3)
