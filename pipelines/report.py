@@ -35,7 +35,8 @@ COLUMNS = [
 ]
 
 
-def _read_csv(path: Path) -> list[dict[str, float]]:
+def read_csv(path: Path) -> list[dict[str, float]]:
+    """A run's curve (train_curve.csv / eval_curve.csv) as rows of floats; empty cells dropped."""
     with path.open() as f:
         return [{k: float(v) for k, v in row.items() if v != ""} for row in csv.DictReader(f)]
 
@@ -104,8 +105,8 @@ def main(argv: list[str] | None = None) -> None:
     atomic_write_json(out / "report.json", {"pipeline": args.pipeline, "scale": scale, "rows": rows})
     curves = {
         row["run"]: (
-            _read_csv(run_dir(args.pipeline, row["run"]) / "train_curve.csv"),
-            _read_csv(run_dir(args.pipeline, row["run"]) / "eval_curve.csv"),
+            read_csv(run_dir(args.pipeline, row["run"]) / "train_curve.csv"),
+            read_csv(run_dir(args.pipeline, row["run"]) / "eval_curve.csv"),
         )
         for row in rows
     }

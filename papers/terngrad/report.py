@@ -11,7 +11,6 @@ TernGrad within 1 point of fp32), ``curves.png`` (accuracy and loss, mean over s
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import json
 import math
@@ -23,6 +22,7 @@ from common import costmodel
 from common.fileio import atomic_write, atomic_write_json, atomic_write_text
 from papers.terngrad import perf_model
 from pipelines.common import RESULTS_DIR, load_params, quiet_environment
+from pipelines.report import read_csv
 
 OUT = RESULTS_DIR / "terngrad"
 RUNS = OUT / "runs"
@@ -35,11 +35,6 @@ VARIANTS = {
 }
 TASKS = {"mnist": "LeNet-5 / MNIST", "cifar": "small VGG (width 0.25) / CIFAR-10"}
 CLAIM_POINTS = 1.0  # the bar: TernGrad within 1 point (absolute) of fp32
-
-
-def _csv(path: Path) -> list[dict[str, float]]:
-    with path.open() as f:
-        return [{k: float(v) for k, v in row.items() if v != ""} for row in csv.DictReader(f)]
 
 
 def collect() -> list[dict[str, Any]]:
@@ -70,8 +65,8 @@ def collect() -> list[dict[str, Any]]:
                 "routes": infos[0].get("routes", {}),
                 "mlflow_run_ids": [i["mlflow_run_id"] for i in infos],
                 "git_sha": infos[0]["git_sha"],
-                "_curves": [_csv(p.parent / "eval_curve.csv") for p in seeds],
-                "_train": [_csv(p.parent / "train_curve.csv") for p in seeds],
+                "_curves": [read_csv(p.parent / "eval_curve.csv") for p in seeds],
+                "_train": [read_csv(p.parent / "train_curve.csv") for p in seeds],
                 "_measured": perf_model.measured(run, metrics[0], infos[0]),
             }
         )

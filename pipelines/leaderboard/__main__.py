@@ -20,7 +20,6 @@ calibrated parameters (``results/costmodel/fit.json``).
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
 import json
 import logging
@@ -34,6 +33,7 @@ from typing import Any
 from common import costmodel, netem
 from common.fileio import atomic_write, atomic_write_json, atomic_write_text
 from pipelines.common import RESULTS_DIR, load_params, quiet_environment, run_config, setup_logging
+from pipelines.report import read_csv
 
 PIPELINE = "leaderboard"
 OUT = RESULTS_DIR / PIPELINE
@@ -84,11 +84,6 @@ def run_method(method: str, rate: str, scale: str | None) -> None:
 # -- reporting ---------------------------------------------------------------------------------------
 
 
-def _read_csv(path: Path) -> list[dict[str, float]]:
-    with path.open() as f:
-        return [{k: float(v) for k, v in row.items() if v != ""} for row in csv.DictReader(f)]
-
-
 def time_to(eval_rows: list[dict[str, float]], target: float) -> float:
     """Training seconds at the first evaluation reaching ``target`` accuracy (nan if never)."""
     for row in eval_rows:
@@ -127,7 +122,7 @@ def collect(stage: dict[str, Any], methods: list[str]) -> dict[str, Any]:
                 raise SystemExit(f"{method} at {rate} has no results in {folder}: run the leaderboard first")
             metrics = json.loads((folder / "metrics.json").read_text())
             run = json.loads((folder / "run.json").read_text())
-            evals = _read_csv(folder / "eval_curve.csv")
+            evals = read_csv(folder / "eval_curve.csv")
             curves[rate][method] = evals
             steps = metrics["steps"]
             row = {
