@@ -133,11 +133,10 @@ class LinkShape:
     def for_rate(cls, rate: str | float) -> LinkShape:
         bps = parse_rate(str(rate))
         # The bucket: 1.5 ms of traffic, at least 128 KiB (two 64 KiB GSO super-packets), at most
-        # 1 MiB. Smaller buckets hold TCP far below the rate (8 ranks, 2.14 MB all-reduce: 67 KB
-        # gave 1.8x the ideal time at 300 Mbit/s and 3.9x at 1 Gbit/s; 128 KiB 1.03-1.05x at
-        # 100-300 Mbit/s): benchmarks/comm/bench_netem_burst.py, results/netem_burst.md. The price:
-        # after an idle gap up to one bucket passes at veth speed, which flatters messages smaller
-        # than the bucket by at most burst / rate per gap (10 ms at 100 Mbit/s).
+        # 1 MiB. Smaller buckets hold TCP far below the rate at 300 Mbit/s and 1 Gbit/s; 128 KiB
+        # keeps it near the rate (benchmarks/comm/bench_netem_burst.py -> results/netem_burst.md).
+        # The price: after an idle gap up to one bucket passes at veth speed, which flatters
+        # messages smaller than the bucket by at most burst / rate per gap (10 ms at 100 Mbit/s).
         burst = int(min(max(bps / 8 * 1.5e-3, 128 * 1024), 1 << 20))
         return cls(rate_bps=bps, burst_bytes=burst)
 
