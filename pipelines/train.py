@@ -25,6 +25,18 @@ from pipelines.common import load_params, quiet_environment, run_config, run_dir
 OUT_DIR_ENV = "THINWIRE_OUT_DIR"
 RUN_NAME_ENV = "THINWIRE_RUN_NAME"
 SEED_ENV = "THINWIRE_SEED"  # overrides the run's seed (repeated runs of one configuration)
+SEEDS_ENV = "THINWIRE_SEEDS"  # several seeds, one after the other: <out>/seed<k>, <run name>-seed<k>
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``"0,1,2"`` -> ``[0, 1, 2]``; distinct non-negative integers, at least one."""
+    try:
+        seeds = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--seeds {text!r}: expected comma-separated integers, e.g. 0,1,2") from None
+    if any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
+        raise ValueError(f"--seeds {text!r}: seeds must be distinct non-negative integers")
+    return seeds
 
 
 def resolve_config(pipeline: str, run: str, scale: str | None) -> RunConfig:
@@ -71,20 +83,30 @@ def main(argv: list[str] | None = None) -> None:
     scale = args.scale or load_params(args.pipeline)["scale"]
     out_dir = os.environ.get(OUT_DIR_ENV) or run_dir(args.pipeline, args.run)
     run_name = os.environ.get(RUN_NAME_ENV) or args.run
+    seeds = os.environ.get(SEEDS_ENV)
+    repeats = (
+        [
+            (dataclasses.replace(config, seed=s), os.path.join(out_dir, f"seed{s}"), f"{run_name}-seed{s}")
+            for s in parse_seeds(seeds)
+        ]
+        if seeds
+        else [(config, out_dir, run_name)]
+    )
     ctx = init_from_env()
     try:
-        callbacks = [progress_bar()] if ctx.is_main else []
-        metrics = train(
-            config,
-            out_dir,
-            experiment=args.pipeline,
-            run_name=run_name,
-            tags={"scale": scale, "pipeline": args.pipeline, "method": args.run},
-            callbacks=callbacks,
-            ctx=ctx,
-        )
-        if ctx.is_main:
-            print(json.dumps(metrics, indent=2))
+        for repeat_config, repeat_dir, repeat_name in repeats:
+            callbacks = [progress_bar()] if ctx.is_main else []
+            metrics = train(
+                repeat_config,
+                repeat_dir,
+                experiment=args.pipeline,
+                run_name=repeat_name,
+                tags={"scale": scale, "pipeline": args.pipeline, "method": args.run},
+                callbacks=callbacks,
+                ctx=ctx,
+            )
+            if ctx.is_main:
+                print(json.dumps({"run": repeat_name, **metrics}, indent=2))
     finally:
         shutdown()
 

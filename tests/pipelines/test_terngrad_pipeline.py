@@ -11,25 +11,40 @@ from common.paths import REPO_ROOT
 from tests.helpers.processes import run_group
 
 
-def _launch(tmp_path: Path, name: str, *extra: str) -> dict:
+def _launch(tmp_path: Path, name: str, *extra: str) -> Path:
     out = tmp_path / name
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
     command = [sys.executable, "-m", "pipelines.launch", "terngrad", "mnist_terngrad", "--scale", "smoke"]
     result = run_group([*command, "--out", str(out), *extra], cwd=REPO_ROOT, env=env, timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return out
+
+
+def _read(out: Path) -> dict:
     run = json.loads((out / "run.json").read_text())
     return {"metrics": json.loads((out / "metrics.json").read_text()), "run": run}
 
 
 def test_two_rank_smoke_run_is_deterministic_and_counts_two_bits_per_entry(tmp_path):
-    first = _launch(tmp_path, "a")
-    again = _launch(tmp_path, "b")
-    other = _launch(tmp_path, "c", "--seed", "1")
+    first = _read(_launch(tmp_path, "a"))
+    # Two seeds in one launch (the pipeline's way): seed 0 repeats the separate launch exactly.
+    repeats = _launch(tmp_path, "b", "--seeds", "0,1")
+    again, other = _read(repeats / "seed0"), _read(repeats / "seed1")
     keys = ("test_accuracy", "test_loss", "train_loss", "bits_per_step")
     assert {k: first["metrics"][k] for k in keys} == {k: again["metrics"][k] for k in keys}
-    assert other["run"]["config"]["seed"] == 1
+    assert again["run"]["config"]["seed"] == 0 and other["run"]["config"]["seed"] == 1
+    assert again["run"]["mlflow_run_id"] != other["run"]["mlflow_run_id"]
     assert other["metrics"]["train_loss"] != first["metrics"]["train_loss"]
     # 2 ranks: all-gather of 2-bit codes (+ an fp32 scaler per layer), never the int8 sums
     # per step, LeNet-5's 5 layers x (weight, bias); 12 steps at smoke scale
     assert first["run"]["routes"] == {"terngrad-allgather": 10 * 12}
     assert 14 < first["metrics"]["compression_factor"] < 16.1  # 32 / 2, less the scalers
+
+
+def test_bad_seed_lists_fail_before_any_worker_starts(tmp_path):
+    for bad in ("0,x", "1,1", "-2"):
+        command = [sys.executable, "-m", "pipelines.launch", "terngrad", "mnist_fp32", "--seeds", bad]
+        result = run_group([*command, "--out", str(tmp_path / "x")], cwd=REPO_ROOT, timeout=120)
+        assert result.returncode != 0
+        assert f"--seeds {bad!r}" in result.stderr
+    assert not (tmp_path / "x").exists()
