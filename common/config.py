@@ -38,6 +38,10 @@ class RunConfig:
     weight_decay: float = 0.0
     lr_schedule: str = "constant"
     lr_warmup_steps: int = 0
+    # "step" schedule: multiply the lr by lr_decay at each of these epochs (e.g. [30, 60, 80]);
+    # empty: at 50% and 75% of training.
+    lr_milestones: tuple[int, ...] = ()
+    lr_decay: float = 0.1
     batch_size: int = 64  # per rank
     epochs: int = 1
     max_steps: int | None = None  # stop early (smoke scale); None = all epochs
@@ -50,6 +54,10 @@ class RunConfig:
     seed: int = 0
     world_size: int = 4  # ranks the launcher starts (torchrun --nproc_per_node)
     max_restarts: int = 1  # torchrun --max-restarts: a killed worker resumes from the last checkpoint
+
+    def __post_init__(self) -> None:
+        if isinstance(self.lr_milestones, list):  # YAML lists; a tuple keeps the config hashable
+            object.__setattr__(self, "lr_milestones", tuple(self.lr_milestones))
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> RunConfig:
@@ -95,6 +103,17 @@ class RunConfig:
             raise ValueError(f"momentum must be in [0, 1), got {self.momentum!r}")
         if self.weight_decay < 0:
             raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
+        milestones = list(self.lr_milestones)
+        if any(
+            isinstance(m, bool) or not isinstance(m, int) or m < 1 for m in milestones
+        ) or milestones != sorted(set(milestones)):
+            raise ValueError(
+                f"lr_milestones must be increasing positive epochs (e.g. [30, 60, 80]), got {milestones!r}"
+            )
+        if milestones and self.lr_schedule != "step":
+            raise ValueError(f"lr_milestones {milestones} need lr_schedule: step, got {self.lr_schedule!r}")
+        if not 0 < self.lr_decay <= 1:
+            raise ValueError(f"lr_decay must be in (0, 1], got {self.lr_decay!r}")
         if self.lr_warmup_steps < 0 or self.max_restarts < 0:
             raise ValueError("lr_warmup_steps and max_restarts must be >= 0")
         # Names are checked against the registries (each error lists the valid names).

@@ -110,8 +110,11 @@ def _optimizer(config: RunConfig, model: nn.Module) -> torch.optim.Optimizer:
     )
 
 
-def _schedule(config: RunConfig, total_steps: int) -> Callable[[int], float]:
+def _schedule(config: RunConfig, total_steps: int, steps_per_epoch: int) -> Callable[[int], float]:
+    """The lr factor of each step: linear warm-up, then constant, cosine, or step decay (by
+    ``lr_decay`` at the ``lr_milestones`` epochs, or at 50% and 75% of training)."""
     warmup = config.lr_warmup_steps
+    milestones = [m * steps_per_epoch for m in config.lr_milestones]
 
     def factor(step: int) -> float:
         if step < warmup:
@@ -120,7 +123,10 @@ def _schedule(config: RunConfig, total_steps: int) -> Callable[[int], float]:
         if config.lr_schedule == "cosine":
             return 0.5 * (1 + math.cos(math.pi * progress))
         if config.lr_schedule == "step":
-            return 0.1 ** ((progress >= 0.5) + (progress >= 0.75))
+            passed = (
+                sum(step >= m for m in milestones) if milestones else (progress >= 0.5) + (progress >= 0.75)
+            )
+            return float(config.lr_decay**passed)
         return 1.0
 
     return factor
@@ -214,7 +220,7 @@ def train(
     total_steps = config.epochs * steps_per_epoch
     if config.max_steps is not None:
         total_steps = min(total_steps, config.max_steps)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(config, total_steps))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(config, total_steps, steps_per_epoch))
     loss_fn = _loss_fn(train_set.info.kind)
 
     # -- resume --------------------------------------------------------------------------------------

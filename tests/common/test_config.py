@@ -28,8 +28,8 @@ def test_defaults_are_valid_and_fingerprint_ignores_logging_knobs():
         ),
         ({"model": "resnet21"}, "unknown model 'resnet21'; valid names: .*resnet20"),
         (
-            {"dataset": "imagenet"},
-            "unknown dataset 'imagenet'; valid names: cifar10, fashion-mnist, mnist, ptb, tinyshakespeare",
+            {"dataset": "imagenet22k"},
+            "unknown dataset 'imagenet22k'; valid names: cifar10, fashion-mnist, .*mnist, ptb, tinyshakespeare",
         ),
         (
             {"compressor": "topk", "compressor_options": {"density": 0}},
@@ -47,6 +47,12 @@ def test_defaults_are_valid_and_fingerprint_ignores_logging_knobs():
         ({"lr": -1}, "lr must be a positive number, got -1"),
         ({"optimizer": "lamb"}, "unknown optimizer 'lamb'; valid: sgd, adamw"),
         ({"transport": "ring"}, "unknown transport 'ring'; valid transports: auto, allreduce, allgather"),
+        (
+            {"lr_schedule": "step", "lr_milestones": [60, 30]},
+            r"lr_milestones must be increasing positive epochs \(e.g. \[30, 60, 80\]\), got \[60, 30\]",
+        ),
+        ({"lr_schedule": "cosine", "lr_milestones": [30]}, "lr_milestones \\[30\\] need lr_schedule: step"),
+        ({"lr_schedule": "step", "lr_decay": 0}, r"lr_decay must be in \(0, 1\], got 0"),
     ],
 )
 def test_bad_run_parameters_are_rejected(values, message):
@@ -100,3 +106,16 @@ def test_launcher_names_the_data_folder_it_looked_in(tmp_path):
     assert result.returncode != 0
     assert str(tmp_path) in result.stderr and "THINWIRE_DATA" in result.stderr
     assert "train-images-idx3-ubyte.gz" in result.stderr
+
+
+def test_step_schedule_decays_at_the_milestone_epochs():
+    from common.train import _schedule
+
+    config = RunConfig.from_dict(
+        {"lr_schedule": "step", "lr_milestones": [2, 3], "lr_decay": 0.5, "epochs": 4}
+    )
+    assert config.lr_milestones == (2, 3)  # YAML's list, stored hashable
+    factor = _schedule(config, total_steps=40, steps_per_epoch=10)
+    assert [factor(s) for s in (0, 19, 20, 29, 30, 39)] == [1.0, 1.0, 0.5, 0.5, 0.25, 0.25]
+    halves = _schedule(RunConfig.from_dict({"lr_schedule": "step"}), total_steps=40, steps_per_epoch=10)
+    assert [halves(s) for s in (19, 20, 29, 30)] == [1.0, 0.1, 0.1, pytest.approx(0.01)]
