@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 OPTIMIZERS = ("sgd", "adamw")
+AUGMENTATIONS = ("none", "crop_flip")  # common.data.augment (kept here: validation imports no torch)
 LR_SCHEDULES = ("constant", "cosine", "step")
 
 
@@ -48,6 +49,7 @@ class RunConfig:
     train_limit: int | None = None  # first N training examples only (smoke/cpu scale)
     eval_limit: int | None = None
     seq_len: int = 64  # language-model datasets
+    augment: str = "none"  # image training batches: "crop_flip" (pad 4, random crop, flip)
     eval_every: int = 100
     log_every: int = 10
     checkpoint_every: int = 100
@@ -95,6 +97,8 @@ class RunConfig:
             positive_int(name, allow_none=True)
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {self.optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
+        if self.augment not in AUGMENTATIONS:
+            raise ValueError(f"unknown augment {self.augment!r}; valid: {', '.join(AUGMENTATIONS)}")
         if self.lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"unknown lr_schedule {self.lr_schedule!r}; valid: {', '.join(LR_SCHEDULES)}")
         if not (isinstance(self.lr, int | float) and math.isfinite(self.lr) and self.lr > 0):

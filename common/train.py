@@ -39,6 +39,7 @@ from .comm.sync import GradientSync
 from .compressors import build_compressor
 from .config import RunConfig
 from .data import Dataset, epoch_batches, load_dataset
+from .data.augment import augment_batch, augment_generator
 from .distributed import DistContext, barrier, init_from_env, seed_everything
 from .fileio import atomic_write_json, atomic_write_text
 from .models import build_model
@@ -197,6 +198,10 @@ def train(
         )
     train_set = load_dataset(config.dataset, "train", limit=config.train_limit, seq_len=config.seq_len)
     test_set = load_dataset(config.dataset, "test", limit=config.eval_limit, seq_len=config.seq_len)
+    if config.augment != "none" and train_set.info.kind != "image":
+        raise ValueError(
+            f"augment {config.augment!r} is for images; {config.dataset} is {train_set.info.kind}"
+        )
     seed_everything(config.seed)  # same model initialisation on every rank
     model = _build_model(config, train_set).to(ctx.device)
     strategy = strategy or default_strategy(config)
@@ -300,6 +305,8 @@ def train(
                 batches_epoch = epoch
             x, y = train_set.get_batch(batches[index])
             x, y = x.to(ctx.device), y.to(ctx.device)
+            if config.augment != "none":
+                x = augment_batch(x, config.augment, augment_generator(config.seed, ctx.rank, step))
             optimizer.zero_grad(set_to_none=True)
             loss = strategy.forward_backward(model, x, y, loss_fn)
             strategy.after_backward(model)
