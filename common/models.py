@@ -190,6 +190,144 @@ class VGGSmall(nn.Module):
         return self.fc(torch.flatten(self.features(x), 1))
 
 
+class _MaxPoolSame(nn.Module):
+    """Max-pooling with TensorFlow's ``padding='SAME'``: output side ``ceil(n / stride)``.
+
+    TF pads the extra row/column after the input (bottom/right) when the total padding is odd;
+    ``nn.MaxPool2d(padding=1)`` pads both sides, which shifts the pooling windows by one pixel.
+    """
+
+    def __init__(self, kernel_size: int, stride: int) -> None:
+        super().__init__()
+        self.kernel_size = kernel_size
+        self.stride = stride
+
+    def _pads(self, n: int) -> tuple[int, int]:
+        out = (n + self.stride - 1) // self.stride
+        total = max((out - 1) * self.stride + self.kernel_size - n, 0)
+        return total // 2, total - total // 2
+
+    def forward(self, x: Tensor) -> Tensor:
+        top, bottom = self._pads(x.shape[-2])
+        left, right = self._pads(x.shape[-1])
+        x = F.pad(x, (left, right, top, bottom), value=float("-inf"))
+        return F.max_pool2d(x, self.kernel_size, self.stride)
+
+
+class CifarAlexNet(nn.Module):
+    """TensorFlow's CIFAR-10 tutorial CNN, which TernGrad calls ``cifar10_alexnet``.
+
+    As ``wenwei202/terngrad`` ``inception/slim/models.py::cifar10_alexnet`` (the TF tutorial's
+    ``cifar10.inference``): conv1 64@5x5 -> max-pool 3/2 -> LRN -> conv2 64@5x5 -> LRN -> max-pool 3/2
+    -> fc3 384 -> fc4 192 -> logits, ReLU after every conv and fc but the last; convs and pools use
+    TF's ``SAME`` padding, so a side of n becomes ``ceil(ceil(n / 2) / 2)``: 24x24 crops (the
+    paper's) reach a 6x6x64 map, 32x32 images an 8x8x64 one. No dropout (the TF model takes a
+    ``dropout_keep_prob`` it never uses). LRN: depth radius 4, bias 1, alpha 0.001/9, beta 0.75 (TF's
+    ``alpha`` is per element; torch's ``LocalResponseNorm`` divides ``alpha`` by ``size = 9``).
+
+    Init as TF: truncated normal (cut at 2 std) with std 0.05 (convs), 0.04 (fc3, fc4), 1/192
+    (logits); biases 0 (conv1, logits) or 0.1 (conv2, fc3, fc4). The TF script applies weight decay
+    0.004 only to fc3 and fc4; ``RunConfig.weight_decay`` applies to every parameter.
+
+    Layer names (``conv1``, ``conv2``, ``fc3``, ``fc4``, ``logits``) follow the TF scopes, so that
+    TernGrad's ``fp32_layers`` can name them (e.g. ``[logits]``, the TF code's ``--quantize_logits``
+    off). Parameters, 10 classes: 1,068,298 at 24x24, 1,756,426 at 32x32 (``count_parameters``).
+    """
+
+    def __init__(self, *, num_classes: int, in_channels: int, image_size: int) -> None:
+        super().__init__()
+        side = (image_size + 3) // 4  # two SAME pools with stride 2: ceil(ceil(n / 2) / 2)
+        self.conv1 = nn.Conv2d(in_channels, 64, 5, padding=2)
+        self.pool1 = _MaxPoolSame(3, 2)
+        self.lrn1 = nn.LocalResponseNorm(9, alpha=0.001, beta=0.75, k=1.0)
+        self.conv2 = nn.Conv2d(64, 64, 5, padding=2)
+        self.lrn2 = nn.LocalResponseNorm(9, alpha=0.001, beta=0.75, k=1.0)
+        self.pool2 = _MaxPoolSame(3, 2)
+        self.fc3 = nn.Linear(64 * side * side, 384)
+        self.fc4 = nn.Linear(384, 192)
+        self.logits = nn.Linear(192, num_classes)
+        for layer, std, bias in (
+            (self.conv1, 0.05, 0.0),
+            (self.conv2, 0.05, 0.1),
+            (self.fc3, 0.04, 0.1),
+            (self.fc4, 0.04, 0.1),
+            (self.logits, 1 / 192, 0.0),
+        ):
+            assert layer.bias is not None
+            nn.init.trunc_normal_(layer.weight, std=std, a=-2 * std, b=2 * std)
+            nn.init.constant_(layer.bias, bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.lrn1(self.pool1(F.relu(self.conv1(x))))
+        x = self.pool2(self.lrn2(F.relu(self.conv2(x))))
+        x = F.relu(self.fc3(torch.flatten(x, 1)))
+        return self.logits(F.relu(self.fc4(x)))
+
+
+class AlexNet(nn.Module):
+    """ImageNet AlexNet, the one-GPU variant (Krizhevsky 2014, "One weird trick"), as torchvision's.
+
+    conv 64@11x11/4 (pad 2) -> max-pool 3/2 -> conv 192@5x5 -> max-pool 3/2 -> conv 384@3x3 ->
+    conv 256@3x3 -> conv 256@3x3 -> max-pool 3/2 -> adaptive average pool to 6x6 -> dropout ->
+    fc 4096 -> dropout -> fc 4096 -> fc ``num_classes``, ReLU after every layer but the last; no LRN.
+    Module and parameter names are torchvision's ``alexnet`` (``features.0.weight`` ...
+    ``classifier.6.bias``; the logits layer is ``classifier.6``), so its state dicts load here.
+    Init: torch's defaults, as torchvision. 61,100,840 parameters with 1000 classes, 57,044,810 with
+    10 (``count_parameters``).
+
+    ``dropout`` is the drop probability (torchvision: 0.5; TernGrad's AlexNet script keeps 0.8, i.e.
+    ``dropout: 0.2``). Deviation from TernGrad, whose ``alexnet`` is the original two-tower network
+    with LRN (Krizhevsky et al. 2012; 48+48 conv1 filters, grouped convs).
+
+    Inputs must be at least 63x63 (the last max-pool needs a 3x3 map); ImageNet crops are 224x224.
+    """
+
+    MIN_IMAGE_SIZE = 63
+
+    def __init__(self, *, num_classes: int, in_channels: int, image_size: int, dropout: float = 0.5) -> None:
+        super().__init__()
+        if image_size < self.MIN_IMAGE_SIZE:
+            raise ValueError(
+                f"alexnet needs image_size >= {self.MIN_IMAGE_SIZE} (ImageNet crops are 224), got {image_size}"
+            )
+        if not 0 <= dropout < 1:
+            raise ValueError(f"alexnet dropout must be in [0, 1), got {dropout}")
+        self.features = nn.Sequential(
+            nn.Conv2d(in_channels, 64, kernel_size=11, stride=4, padding=2),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(kernel_size=3, stride=2),
+            nn.Conv2d(64, 192, kernel_size=5, padding=2),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(kernel_size=3, stride=2),
+            nn.Conv2d(192, 384, kernel_size=3, padding=1),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(384, 256, kernel_size=3, padding=1),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(256, 256, kernel_size=3, padding=1),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(kernel_size=3, stride=2),
+        )
+        self.avgpool = nn.AdaptiveAvgPool2d((6, 6))
+        self.classifier = nn.Sequential(
+            nn.Dropout(p=dropout),
+            nn.Linear(256 * 6 * 6, 4096),
+            nn.ReLU(inplace=True),
+            nn.Dropout(p=dropout),
+            nn.Linear(4096, 4096),
+            nn.ReLU(inplace=True),
+            nn.Linear(4096, num_classes),
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        if min(x.shape[-2:]) < self.MIN_IMAGE_SIZE:
+            raise ValueError(
+                f"alexnet needs inputs of at least {self.MIN_IMAGE_SIZE}x{self.MIN_IMAGE_SIZE} "
+                f"(ImageNet crops are 224x224), got {tuple(x.shape[-2:])}"
+            )
+        x = self.avgpool(self.features(x))
+        return self.classifier(torch.flatten(x, 1))
+
+
 # -------------------------------------------------------------------------------------- language
 
 
@@ -297,6 +435,8 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
     "lenet5": LeNet5,
     "resnet20": ResNet20,
     "vgg_small": VGGSmall,
+    "cifar10_alexnet": CifarAlexNet,
+    "alexnet": AlexNet,
     "lstm_lm": LSTMLanguageModel,
     "gpt2_small": GPT2LanguageModel,
 }

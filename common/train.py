@@ -196,7 +196,9 @@ def train(
         raise RuntimeError(
             f"process group has {get_world_size()} ranks but the context says {ctx.world_size}"
         )
-    train_set = load_dataset(config.dataset, "train", limit=config.train_limit, seq_len=config.seq_len)
+    train_set = load_dataset(
+        config.dataset, "train", limit=config.train_limit, seq_len=config.seq_len, seed=config.seed
+    )
     test_set = load_dataset(config.dataset, "test", limit=config.eval_limit, seq_len=config.seq_len)
     if config.augment != "none" and train_set.info.kind != "image":
         raise ValueError(
@@ -303,6 +305,8 @@ def train(
                     epoch=epoch,
                 )
                 batches_epoch = epoch
+                if hasattr(train_set, "set_epoch"):  # augments as it decodes (ImageNet)
+                    train_set.set_epoch(epoch)
             x, y = train_set.get_batch(batches[index])
             x, y = x.to(ctx.device), y.to(ctx.device)
             if config.augment != "none":

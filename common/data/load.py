@@ -1,4 +1,8 @@
-"""The data-set registry and ``load_dataset``: verify the sources, decode once, cache, split."""
+"""The data-set registry and ``load_dataset``: verify the sources, decode once, cache, split.
+
+Lazy sources (:class:`ImageFolderSource`: ImageNet) skip the checksum and the decode-once cache and
+decode their images per batch.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ from .base import SPLITS, Dataset, DatasetSource
 from .cache import load_or_build
 from .cifar import JpegTarImageSource
 from .idx import IDX_FILES, IdxImageSource
+from .imagefolder import ILSVRC2012_COUNTS, IMAGENET_ENV, ImageFolderSource
 from .integrity import check_sources
 from .text import CharTextSource, WordTextSource
 
@@ -32,7 +37,7 @@ _CIFAR10 = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "hor
 
 # mean/std: per-channel pixel statistics (in [0, 1]) of the whole official training set (60k/50k images),
 # measured with numpy on the decoded arrays.
-DATASETS: dict[str, DatasetSource] = {
+DATASETS: dict[str, DatasetSource | ImageFolderSource] = {
     "mnist": IdxImageSource(
         "mnist",
         folder="mnist",
@@ -73,6 +78,14 @@ DATASETS: dict[str, DatasetSource] = {
     ),
     "tinyshakespeare": CharTextSource("tinyshakespeare", folder="text", files=("tinyshakespeare.txt",)),
     "ptb": WordTextSource("ptb", folder="text", files=("ptb.train.txt", "ptb.valid.txt", "ptb.test.txt")),
+    # ILSVRC-2012 from $THINWIRE_IMAGENET (default <data root>/imagenet), decoded per batch.
+    "imagenet": ImageFolderSource(
+        "imagenet",
+        folder="imagenet",
+        env_var=IMAGENET_ENV,
+        expected_counts=ILSVRC2012_COUNTS,
+        max_val=0,  # train on all 1,281,167 images as the papers do; "val" is empty
+    ),
 }
 
 
@@ -89,13 +102,17 @@ def load_dataset(
     root: str | Path | None = None,
     seq_len: int = 64,
     limit: int | None = None,
+    seed: int = 0,
 ) -> Dataset:
-    """Load one split of a registered data set (see ``DATASETS``), decoding it once into the cache.
+    """Load one split of a registered data set (see ``DATASETS``), decoding it once into the cache
+    (ImageNet: decoding each batch when asked).
 
     ``root`` is the folder holding the data sets' folders (default: ``$THINWIRE_DATA`` or
-    ``../shared/data``). ``split`` is ``train``, ``val`` (carved from the official training set) or
-    ``test``. ``seq_len`` is the window length of text data sets. ``limit`` keeps the first ``limit``
-    examples of the split's fixed order.
+    ``../shared/data``; ImageNet without ``root``: ``$THINWIRE_IMAGENET`` if set, see
+    :mod:`common.data.imagefolder`). ``split`` is ``train``, ``val`` (carved from the official
+    training set) or ``test``. ``seq_len`` is the window length of text data sets. ``limit`` keeps
+    the first ``limit`` examples of the split's fixed order. ``seed`` seeds the augmentation of
+    data sets that augment as they decode (ImageNet's train split); the others ignore it.
     """
     source = lookup(DATASETS, name, "data set")
     if split not in SPLITS:
@@ -104,6 +121,8 @@ def load_dataset(
         raise ValueError(f"seq_len must be >= 1, got {seq_len}")
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be None or >= 1, got {limit}")
+    if isinstance(source, ImageFolderSource):
+        return source.open_split(split, root=root, limit=limit, seed=seed)
     root = Path(root).expanduser().resolve() if root is not None else data_root()
     folder = root / source.folder
     digests = check_sources(name, root, source.folder, source.files)

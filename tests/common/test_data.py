@@ -476,8 +476,8 @@ def test_epoch_batches_rejects_bad_values(kwargs: dict[str, object], message: st
 
 
 def test_unknown_data_set_lists_valid_names() -> None:
-    with pytest.raises(ValueError, match="cifar10, fashion-mnist, mnist, ptb, tinyshakespeare"):
-        load_dataset("imagenet", "train")
+    with pytest.raises(ValueError, match="cifar10, fashion-mnist, imagenet, mnist, ptb, tinyshakespeare"):
+        load_dataset("imagenet21k", "train")
 
 
 def test_unknown_split_lists_allowed() -> None:

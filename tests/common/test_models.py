@@ -21,6 +21,9 @@ CASES: dict[str, dict[str, Any]] = {
     "lenet5_cifar": dict(in_channels=3, image_size=32),
     "resnet20": dict(in_channels=3, image_size=32),
     "vgg_small": dict(in_channels=3, image_size=32, width=0.125),
+    "cifar10_alexnet": dict(in_channels=3, image_size=24),
+    # 63x63: the smallest input alexnet takes (its classifier does not depend on the input size).
+    "alexnet": dict(in_channels=3, image_size=63),
     "lstm_lm": dict(vocab_size=VOCAB, embed_dim=16, hidden_dim=16),
     "gpt2_small": dict(vocab_size=VOCAB, n_layer=1, n_head=2, n_embd=16, n_positions=16),
 }
@@ -198,3 +201,95 @@ def test_gpt2_rejects_sequences_longer_than_its_positions() -> None:
     model = _build("gpt2_small")
     with pytest.raises(ValueError, match="n_positions"):
         model(torch.zeros(1, 17, dtype=torch.long))
+
+
+# ---------------------------------------------------------------- TernGrad's AlexNets
+
+
+def test_cifar10_alexnet_parameter_count() -> None:
+    # conv1  5*5*3*64 + 64       =   4,864
+    # conv2  5*5*64*64 + 64      = 102,464
+    # fc3    (6*6*64)*384 + 384  = 885,120  (24x24 -> two SAME stride-2 pools -> 6x6)
+    # fc4    384*192 + 192       =  73,920
+    # logits 192*10 + 10         =   1,930
+    assert count_parameters(build_model("cifar10_alexnet", in_channels=3, image_size=24)) == 1_068_298
+    # 32x32 -> 8x8 before fc3: (8*8*64)*384 + 384 = 1,573,248.
+    assert count_parameters(build_model("cifar10_alexnet", in_channels=3, image_size=32)) == 1_756_426
+
+
+def test_cifar10_alexnet_layers_are_named_for_fp32_layers() -> None:
+    names = {
+        name for name, _ in build_model("cifar10_alexnet", in_channels=3, image_size=24).named_parameters()
+    }
+    assert names == {
+        f"{layer}.{kind}"
+        for layer in ("conv1", "conv2", "fc3", "fc4", "logits")
+        for kind in ("weight", "bias")
+    }
+
+
+def test_cifar10_alexnet_pools_pad_like_tensorflow_same() -> None:
+    # TF SAME on a 24-wide map with kernel 3, stride 2 pads one column after the input, none before:
+    # window j covers [2j, 2j + 2], so the first output is the max of rows/columns 0..2.
+    model = build_model("cifar10_alexnet", in_channels=3, image_size=24)
+    x = torch.arange(24 * 24, dtype=torch.float32).view(1, 1, 24, 24)
+    out = model.pool1(x)
+    assert out.shape == (1, 1, 12, 12)
+    assert out[0, 0, 0, 0] == x[0, 0, 2, 2]
+    assert out[0, 0, -1, -1] == x[0, 0, 23, 23]
+
+
+def test_cifar10_alexnet_lrn_matches_tensorflow_formula() -> None:
+    # tf.nn.lrn(depth_radius=4, bias=1, alpha=0.001/9, beta=0.75): x / (1 + alpha * sum_window x^2)^beta
+    model = build_model("cifar10_alexnet", in_channels=3, image_size=24)
+    x = torch.randn(2, 64, 3, 3, generator=torch.Generator().manual_seed(0)) * 10
+    padded = F.pad(x.square(), (0, 0, 0, 0, 4, 4))
+    window_sum = sum(padded[:, k : k + 64] for k in range(9))
+    expected = x / (1 + 0.001 / 9 * window_sum) ** 0.75
+    torch.testing.assert_close(model.lrn1(x), expected)
+
+
+@pytest.fixture(scope="module")
+def imagenet_alexnet() -> nn.Module:
+    return build_model("alexnet", num_classes=1000, in_channels=3, image_size=224).eval()
+
+
+def test_alexnet_parameter_count() -> None:
+    # features: 23,296 + 307,392 + 663,936 + 884,992 + 590,080            =  2,469,696
+    # classifier: 9216*4096 + 4096 + 4096*4096 + 4096 + 4096*1000 + 1000 = 58,631,144
+    with torch.device("meta"):  # shapes only: skips initialising 61M parameters
+        imagenet = build_model("alexnet", num_classes=1000, in_channels=3, image_size=224)
+        ten_classes = build_model("alexnet", in_channels=3, image_size=224)
+    assert count_parameters(imagenet) == 61_100_840
+    assert count_parameters(ten_classes) == 57_044_810
+
+
+def test_alexnet_takes_imagenet_crops(imagenet_alexnet: nn.Module) -> None:
+    with torch.no_grad():
+        assert imagenet_alexnet(torch.randn(2, 3, 224, 224)).shape == (2, 1000)
+
+
+def test_alexnet_dropout_option() -> None:
+    with torch.device("meta"):
+        default = build_model("alexnet", in_channels=3, image_size=224)
+        terngrad = build_model("alexnet", in_channels=3, image_size=224, dropout=0.2)
+    assert [m.p for m in default.modules() if isinstance(m, nn.Dropout)] == [0.5, 0.5]
+    assert [m.p for m in terngrad.modules() if isinstance(m, nn.Dropout)] == [0.2, 0.2]
+    with pytest.raises(ValueError, match="alexnet dropout"):
+        build_model("alexnet", in_channels=3, image_size=224, dropout=1.0)
+
+
+def test_alexnet_state_dict_is_torchvisions(imagenet_alexnet: nn.Module) -> None:
+    torchvision = pytest.importorskip("torchvision")
+    theirs = torchvision.models.alexnet().eval()
+    imagenet_alexnet.load_state_dict(theirs.state_dict())  # same names and shapes, or this raises
+    x = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(imagenet_alexnet(x), theirs(x))
+
+
+def test_alexnet_rejects_too_small_inputs(imagenet_alexnet: nn.Module) -> None:
+    with pytest.raises(ValueError, match=r"alexnet needs image_size >= 63 .*got 32"):
+        build_model("alexnet", in_channels=3, image_size=32)
+    with pytest.raises(ValueError, match=r"at least 63x63 .*\(32, 32\)"):
+        imagenet_alexnet(torch.zeros(1, 3, 32, 32))
