@@ -48,3 +48,29 @@ def test_bad_seed_lists_fail_before_any_worker_starts(tmp_path):
         assert result.returncode != 0
         assert f"--seeds {bad!r}" in result.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_every_run_composes_and_fp32_layers_name_real_parameters():
+    """The paper-scale runs cannot run here (no ImageNet, no cluster): check what can be checked."""
+    import torch
+
+    from common.models import build_model
+    from pipelines.common import load_params
+    from pipelines.train import resolve_config
+
+    params = load_params("terngrad")
+    for scale in params["scales"]:
+        for run in params["runs"]:
+            config = resolve_config("terngrad", run, scale)
+            names = config.compressor_options.get("fp32_layers", [])
+            if names:
+                with torch.device("meta"):
+                    model = build_model(config.model, num_classes=1000, in_channels=3, image_size=224)
+                parameters = dict(model.named_parameters())
+                assert all(f"{n}.weight" in parameters for n in names), (run, names)
+    alexnet = resolve_config("terngrad", "paper_alexnet_terngrad", "paper")
+    assert (alexnet.world_size * alexnet.batch_size, alexnet.lr, alexnet.lr_milestones) == (
+        1024,
+        0.04,
+        (20, 40, 60),
+    )
