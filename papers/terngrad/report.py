@@ -40,6 +40,8 @@ CLAIM_POINTS = 1.0  # the issue's bar: TernGrad within 1 point (absolute) of fp3
 def collect() -> list[dict[str, Any]]:
     rows = []
     for run in load_params("terngrad")["runs"]:
+        if run.startswith("paper_"):  # paper scale only: GPU cluster runs, not in this pipeline
+            continue
         seeds = sorted(RUNS.glob(f"{run}/seed*/metrics.json"))
         if not seeds:
             raise SystemExit(
