@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 OPTIMIZERS = ("sgd", "adamw")
+STRATEGIES = ("data_parallel", "dgc")
 AUGMENTATIONS = ("none", "crop_flip")  # common.data.augment (kept here: validation imports no torch)
 LR_SCHEDULES = ("constant", "cosine", "step")
 
@@ -30,6 +31,11 @@ class RunConfig:
     compressor: str = "identity"
     compressor_options: dict[str, Any] = field(default_factory=dict)
     error_feedback: bool = False
+    # How a step communicates (common.strategies): "data_parallel" (GradientSync of every gradient
+    # through the compressor) or "dgc" (Deep Gradient Compression's step; strategy_options are
+    # common.strategies.DGC_OPTIONS).
+    strategy: str = "data_parallel"
+    strategy_options: dict[str, Any] = field(default_factory=dict)
     transport: str = "auto"
     bucket_numel: int | None = None
     compress_per_tensor: bool = False  # with buckets: compress per tensor, one collective per bucket
@@ -129,6 +135,24 @@ class RunConfig:
         lookup(DATASETS, self.dataset, "dataset")
         lookup(MODELS, self.model, "model")
         build_compressor(self.compressor, **self.compressor_options)
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"unknown strategy {self.strategy!r}; valid: {', '.join(STRATEGIES)}")
+        if self.strategy == "dgc":
+            from .strategies import check_dgc_options
+
+            check_dgc_options(self.strategy_options)
+            if self.optimizer != "sgd":
+                raise ValueError(
+                    f"strategy dgc is DGC's momentum SGD: optimizer must be sgd, got {self.optimizer!r}"
+                )
+            if self.error_feedback:
+                raise ValueError(
+                    "strategy dgc keeps its own memory (momentum correction): set error_feedback: false"
+                )
+        elif self.strategy_options:
+            raise ValueError(
+                f"strategy {self.strategy!r} takes no strategy_options, got {self.strategy_options!r}"
+            )
         from .comm.sync import TRANSPORTS
 
         if self.transport not in TRANSPORTS:

@@ -130,22 +130,31 @@ class _BasicBlock(nn.Module):
         return F.relu(out + self.shortcut(x))
 
 
-class ResNet20(nn.Module):
-    """He et al. 2016 CIFAR ResNet-20 (Sec. 4.2): 6n+2 layers with n = 3, option-A shortcuts.
+class CifarResNet(nn.Module):
+    """He et al. 2016 CIFAR ResNet (Sec. 4.2): ``depth`` = 6n+2 layers, option-A shortcuts.
 
-    conv 16@3x3 -> 3 stages of 3 basic blocks (16, 32, 64 channels; stages 2 and 3 start with
-    stride 2) -> global average pool -> fc. 0.27M parameters, as in the paper's Table 6.
+    conv 16@3x3 -> 3 stages of n basic blocks (16, 32, 64 channels; stages 2 and 3 start with
+    stride 2) -> global average pool -> fc. Registered as ``resnet20`` (n = 3: 269,722 parameters
+    with 10 classes; the paper's Table 6: 0.27M) and ``resnet110`` (n = 18: 1,727,962 parameters;
+    the paper: 1.7M), counted with ``count_parameters``. Any input size works (global pooling);
+    CIFAR's is 32x32.
     """
 
-    def __init__(self, *, num_classes: int, in_channels: int) -> None:
+    def __init__(self, *, num_classes: int, in_channels: int, depth: int = 20) -> None:
         super().__init__()
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 8 or (depth - 2) % 6 != 0:
+            raise ValueError(
+                f"CIFAR ResNet depth must be 6n+2 with n >= 1 (8, 14, 20, 32, 44, 56, 110, ...), got {depth!r}"
+            )
+        n = (depth - 2) // 6
+        self.depth = depth
         self.stem = nn.Sequential(
             nn.Conv2d(in_channels, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU()
         )
         blocks: list[nn.Module] = []
         in_planes = 16
         for planes, first_stride in ((16, 1), (32, 2), (64, 2)):
-            for i in range(3):
+            for i in range(n):
                 blocks.append(_BasicBlock(in_planes, planes, first_stride if i == 0 else 1))
                 in_planes = planes
         self.blocks = nn.Sequential(*blocks)
@@ -155,6 +164,16 @@ class ResNet20(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         out = self.blocks(self.stem(x))
         return self.fc(out.mean(dim=(2, 3)))
+
+
+def _resnet20(*, num_classes: int, in_channels: int) -> CifarResNet:
+    """CIFAR ResNet-20 (``CifarResNet`` with depth 20)."""
+    return CifarResNet(num_classes=num_classes, in_channels=in_channels, depth=20)
+
+
+def _resnet110(*, num_classes: int, in_channels: int) -> CifarResNet:
+    """CIFAR ResNet-110 (``CifarResNet`` with depth 110), DGC's CIFAR-10 model."""
+    return CifarResNet(num_classes=num_classes, in_channels=in_channels, depth=110)
 
 
 class VGGSmall(nn.Module):
@@ -328,6 +347,100 @@ class AlexNet(nn.Module):
         return self.classifier(torch.flatten(x, 1))
 
 
+class _Bottleneck(nn.Module):
+    """torchvision's ResNet v1.5 bottleneck: 1x1 -> 3x3 (carries the stride) -> 1x1 (4x channels).
+
+    The shortcut is the identity, or a strided 1x1 conv + BN (``downsample``) where the shape changes.
+    """
+
+    expansion = 4
+
+    def __init__(self, in_planes: int, planes: int, stride: int) -> None:
+        super().__init__()
+        out_planes = planes * self.expansion
+        self.conv1 = nn.Conv2d(in_planes, planes, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, stride=stride, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.conv3 = nn.Conv2d(planes, out_planes, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(out_planes)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample: nn.Module | None = None
+        if stride != 1 or in_planes != out_planes:
+            self.downsample = nn.Sequential(
+                nn.Conv2d(in_planes, out_planes, 1, stride=stride, bias=False), nn.BatchNorm2d(out_planes)
+            )
+
+    def forward(self, x: Tensor) -> Tensor:
+        identity = x if self.downsample is None else self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        return self.relu(out + identity)
+
+
+class ResNet50(nn.Module):
+    """ImageNet ResNet-50 (He et al. 2016) in torchvision's v1.5 form, DGC's ImageNet model.
+
+    conv 64@7x7/2 -> BN -> ReLU -> max-pool 3/2 -> 4 stages of [3, 4, 6, 3] bottleneck blocks
+    (widths 64, 128, 256, 512, outputs 4x that; stages 2-4 start with stride 2, on the 3x3 conv:
+    "v1.5") -> global average pool -> fc ``num_classes``. Module and parameter names are
+    torchvision's ``resnet50`` (``conv1``, ``bn1``, ``layer1`` ... ``layer4``, ``fc``), so its state
+    dicts load here; so are the init (convs He normal fan-out, BN to identity, fc torch's default)
+    and the order in which it draws from the RNG: the same seed gives torchvision's parameters.
+    25,557,032 parameters with 1000 classes, 23,528,522 with 10 (``count_parameters``).
+
+    ``zero_init_residual`` zeroes the last BN's weight (gamma) in every block, so that each residual
+    branch starts at zero and every block at the identity (Goyal et al. 2017); DGC's ImageNet config
+    turns it on, torchvision's default is off.
+
+    Inputs must be at least 32x32, the network's total stride (ImageNet crops are 224x224, which
+    reach a 7x7 map before pooling). Smaller inputs would still run, as 1x1 maps through the last
+    stages, but are taken for a mistake.
+    """
+
+    MIN_IMAGE_SIZE = 32
+
+    def __init__(
+        self, *, num_classes: int, in_channels: int, image_size: int, zero_init_residual: bool = False
+    ) -> None:
+        super().__init__()
+        if image_size < self.MIN_IMAGE_SIZE:
+            raise ValueError(
+                f"resnet50 needs image_size >= {self.MIN_IMAGE_SIZE} (ImageNet crops are 224), got {image_size}"
+            )
+        self.conv1 = nn.Conv2d(in_channels, 64, kernel_size=7, stride=2, padding=3, bias=False)
+        self.bn1 = nn.BatchNorm2d(64)
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
+        in_planes = 64
+        stages: list[nn.Sequential] = []
+        for planes, num_blocks, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
+            blocks: list[nn.Module] = []
+            for i in range(num_blocks):
+                blocks.append(_Bottleneck(in_planes, planes, stride if i == 0 else 1))
+                in_planes = planes * _Bottleneck.expansion
+            stages.append(nn.Sequential(*blocks))
+        self.layer1, self.layer2, self.layer3, self.layer4 = stages
+        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+        self.fc = nn.Linear(in_planes, num_classes)
+        _kaiming_init(self)
+        if zero_init_residual:
+            for m in self.modules():
+                if isinstance(m, _Bottleneck):
+                    nn.init.zeros_(m.bn3.weight)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if min(x.shape[-2:]) < self.MIN_IMAGE_SIZE:
+            raise ValueError(
+                f"resnet50 needs inputs of at least {self.MIN_IMAGE_SIZE}x{self.MIN_IMAGE_SIZE} "
+                f"(ImageNet crops are 224x224), got {tuple(x.shape[-2:])}"
+            )
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
 # -------------------------------------------------------------------------------------- language
 
 
@@ -433,10 +546,12 @@ class GPT2LanguageModel(nn.Module):
 MODELS: dict[str, Callable[..., nn.Module]] = {
     "mlp": MLP,
     "lenet5": LeNet5,
-    "resnet20": ResNet20,
+    "resnet20": _resnet20,
+    "resnet110": _resnet110,
     "vgg_small": VGGSmall,
     "cifar10_alexnet": CifarAlexNet,
     "alexnet": AlexNet,
+    "resnet50": ResNet50,
     "lstm_lm": LSTMLanguageModel,
     "gpt2_small": GPT2LanguageModel,
 }

@@ -8,7 +8,8 @@ The training loop calls, each step: ``forward_backward`` -> ``after_backward`` -
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -18,6 +19,10 @@ from torch import Tensor, nn
 from .comm.collectives import get_world_size
 from .comm.stats import CommStats
 from .comm.sync import GradientSync
+from .compressors import build_compressor
+from .compressors.base import Compressor, CompressorRNG, Payload
+from .compressors.dgc import warmup_density
+from .feedback import MomentumCorrection
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
 
@@ -46,6 +51,17 @@ class SyncStrategy:
 
     def before_eval(self, model: nn.Module) -> None:
         """Make the model that is evaluated well defined across ranks."""
+
+    def param_groups(self, model: nn.Module) -> list[dict[str, Any]]:
+        """The optimizer's parameter groups (a strategy may change a group's momentum or decay)."""
+        return [{"params": [p for p in model.parameters() if p.requires_grad]}]
+
+    def set_epoch(self, epoch: int) -> None:
+        """Called when an epoch starts (and at the first step after a resume)."""
+
+    def metrics(self) -> dict[str, float]:
+        """Strategy-specific final metrics (this rank's), added to ``metrics.json``."""
+        return {}
 
     def state_dict(self) -> dict[str, Any]:
         return {"stats": self.stats.state_dict()}
@@ -89,3 +105,185 @@ class DataParallel(SyncStrategy):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.sync.load_state_dict(state["sync"])
+
+
+class _CountingSparsifier(Compressor):
+    """Delegates to a sparsifier and counts, from the wire, how many entries it sent out of how many.
+
+    Biased, not linear and of variable size whatever the inner one says (a fixed-size top-k then
+    pays a count exchange it could skip; DGC's sizes vary anyway)."""
+
+    name = "sparsifier"
+    linear = False
+    unbiased = False
+    fixed_size = False
+
+    def __init__(self, inner: Compressor) -> None:
+        self.inner = inner
+        self.sent = 0
+        self.seen = 0
+
+    def compress(self, x: Tensor, rng: CompressorRNG) -> Payload:
+        payload = self.inner.compress(x, rng)
+        self.sent += payload.wire["values"].numel()
+        self.seen += x.numel()
+        return payload
+
+    def decompress(self, payload: Payload) -> Tensor:
+        return self.inner.decompress(payload)
+
+    def aggregate(self, payloads: Sequence[Payload]) -> Tensor:
+        return self.inner.aggregate(payloads)
+
+
+DGC_OPTIONS: dict[str, Any] = {
+    "momentum_correction": True,  # u = m u + g; v += u; send top-k of v (momentum off in the optimizer)
+    "masking": True,  # momentum factor masking: zero u (and v) where sent
+    "nesterov": False,  # the code's Nesterov variant of the correction
+    "clip_norm": None,  # local gradient clipping at clip_norm / sqrt(N) per tensor (None: off)
+    "warmup": None,  # densities of the first epochs, e.g. [0.25, 0.0625, 0.015625, 0.00390625]
+    "min_dim": 2,  # only tensors with at least this many dimensions are sparsified (the code: > 1)
+}
+
+
+def check_dgc_options(options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` over the defaults, validated (the values the strategy will use)."""
+    unknown = sorted(set(options) - set(DGC_OPTIONS))
+    if unknown:
+        raise ValueError(f"unknown dgc option(s) {', '.join(unknown)}; allowed: {', '.join(DGC_OPTIONS)}")
+    merged = {**DGC_OPTIONS, **options}
+    if merged["warmup"] is not None:
+        if not isinstance(merged["warmup"], list | tuple) or not merged["warmup"]:
+            raise ValueError(f"dgc warmup must be a list of densities or null, got {merged['warmup']!r}")
+        warmup_density(0, 1.0, merged["warmup"])  # validates each entry
+    if isinstance(merged["min_dim"], bool) or not isinstance(merged["min_dim"], int) or merged["min_dim"] < 1:
+        raise ValueError(f"dgc min_dim must be an int >= 1, got {merged['min_dim']!r}")
+    clip = merged["clip_norm"]
+    if clip is not None and (isinstance(clip, bool) or not isinstance(clip, int | float) or clip <= 0):
+        raise ValueError(f"dgc clip_norm must be a number > 0 or null, got {clip!r}")
+    return merged
+
+
+class DGCDataParallel(SyncStrategy):
+    """Deep Gradient Compression's step (Lin et al., ICLR 2018; the code's ``DGCSGD`` + memory).
+
+    Tensors with ``dim() >= min_dim`` go through the sparsifier (all-gather of values and indices)
+    with :class:`~common.feedback.MomentumCorrection` as their memory; the rest (biases,
+    normalisation) are all-reduced densely and get the optimizer's usual momentum after averaging.
+    With momentum correction the sparsified tensors' optimizer group has momentum and weight decay
+    0: the momentum is inside the accumulated ``v`` that is sent, and weight decay, never
+    communicated, is applied locally with its own momentum buffer after the exchange
+    (``p -= lr (m_wd + grad)``, ``m_wd = m m_wd + wd p``: the code's ``DGCSGD``). Without it, the
+    memory is plain error feedback (u = g) and the optimizer applies momentum and weight decay to
+    the averaged sparse gradient: Gradient Dropping, DGC's baseline. ``warmup`` sets the density
+    of the first epochs (the paper's 75 % ... 99.6 % sparsity) before the compressor's own.
+    """
+
+    def __init__(
+        self,
+        compressor: Compressor,
+        *,
+        momentum: float,
+        weight_decay: float,
+        options: dict[str, Any] | None = None,
+        bucket_numel: int | None = None,
+        seed: int = 0,
+    ) -> None:
+        if compressor.linear or not hasattr(compressor, "density"):
+            raise ValueError(
+                f"strategy dgc needs a sparsifier (values + indices, all-gathered), e.g. compressor dgc "
+                f"or topk; got {compressor.name!r}"
+            )
+        self.options = check_dgc_options(options or {})
+        self.compressor = _CountingSparsifier(compressor)
+        self.final_density = float(getattr(compressor, "density", 1.0))
+        self.momentum = momentum
+        self.weight_decay = weight_decay
+        corrected = self.options["momentum_correction"]
+        self.memory = MomentumCorrection(
+            momentum if corrected else 0.0,  # 0: u = g, v += g, plain error feedback
+            nesterov=self.options["nesterov"] and corrected,
+            masking=self.options["masking"] and corrected,
+            clip_norm=self.options["clip_norm"],
+            world_size=get_world_size(),
+        )
+        self.stats = CommStats()
+        self.sparse = GradientSync(
+            self.compressor,
+            error_feedback=self.memory,
+            transport="allgather",
+            bucket_numel=bucket_numel,
+            compress_per_tensor=True,
+            seed=seed,
+            stats=self.stats,
+        )
+        self.dense = GradientSync(
+            build_compressor("identity"), bucket_numel=bucket_numel, seed=seed, stats=self.stats
+        )
+        self.wd_momentum: dict[str, Tensor] = {}
+
+    def _split(
+        self, model: nn.Module
+    ) -> tuple[list[tuple[str, nn.Parameter]], list[tuple[str, nn.Parameter]]]:
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        sparse = [(n, p) for n, p in named if p.dim() >= self.options["min_dim"]]
+        dense = [(n, p) for n, p in named if p.dim() < self.options["min_dim"]]
+        return sparse, dense
+
+    def setup(self, model: nn.Module) -> None:
+        _broadcast_module_state(model, "parameters")
+        _broadcast_module_state(model, "buffers")
+
+    def param_groups(self, model: nn.Module) -> list[dict[str, Any]]:
+        sparse, dense = self._split(model)
+        if not self.options["momentum_correction"]:
+            return [{"params": [p for _, p in sparse + dense]}]
+        return [
+            {"params": [p for _, p in sparse], "momentum": 0.0, "weight_decay": 0.0},
+            {"params": [p for _, p in dense]},
+        ]
+
+    def set_epoch(self, epoch: int) -> None:
+        warmup = self.options["warmup"]
+        if warmup is not None:
+            self.compressor.inner.set_density(warmup_density(epoch, self.final_density, warmup))  # type: ignore[attr-defined]
+
+    def after_backward(self, model: nn.Module) -> None:
+        sparse, dense = self._split(model)
+        self.sparse.sync([(n, p.grad) for n, p in sparse if p.grad is not None], count_step=False)
+        self.dense.sync([(n, p.grad) for n, p in dense if p.grad is not None])
+        if self.options["momentum_correction"] and self.weight_decay:
+            with torch.no_grad():
+                for name, p in sparse:
+                    if p.grad is None:
+                        continue
+                    buf = self.wd_momentum.get(name)
+                    buf = (
+                        p.detach() * self.weight_decay
+                        if buf is None
+                        else buf.mul_(self.momentum).add_(p, alpha=self.weight_decay)
+                    )
+                    self.wd_momentum[name] = buf
+                    p.grad.add_(buf)
+
+    def before_eval(self, model: nn.Module) -> None:
+        _broadcast_module_state(model, "buffers")
+
+    def metrics(self) -> dict[str, float]:
+        """The density actually sent by this rank, over every sparsified tensor and step."""
+        seen = self.compressor.seen
+        return {"density_sent": self.compressor.sent / seen if seen else math.nan}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "sparse": self.sparse.state_dict(),
+            "dense": self.dense.state_dict(),
+            "wd_momentum": {k: v.clone() for k, v in self.wd_momentum.items()},
+            "counts": [self.compressor.sent, self.compressor.seen],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sparse.load_state_dict(state["sparse"])
+        self.dense.load_state_dict(state["dense"])
+        self.wd_momentum = {k: v.clone() for k, v in state["wd_momentum"].items()}
+        self.compressor.sent, self.compressor.seen = state["counts"]

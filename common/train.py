@@ -44,7 +44,7 @@ from .distributed import DistContext, barrier, init_from_env, seed_everything
 from .fileio import atomic_write_json, atomic_write_text
 from .models import build_model
 from .plots import plot_curves
-from .strategies import DataParallel, SyncStrategy
+from .strategies import DataParallel, DGCDataParallel, SyncStrategy
 from .tracking import Tracker, git_sha
 
 log = logging.getLogger(__name__)
@@ -69,8 +69,18 @@ Callback = Callable[[StepInfo], None]
 
 
 def default_strategy(config: RunConfig) -> SyncStrategy:
-    """Data parallelism through ``config``'s compressor (with error feedback if asked)."""
+    """``config.strategy``: data parallelism through ``config``'s compressor (with error feedback
+    if asked), or DGC's step."""
     compressor = build_compressor(config.compressor, **config.compressor_options)
+    if config.strategy == "dgc":
+        return DGCDataParallel(
+            compressor,
+            momentum=config.momentum,
+            weight_decay=config.weight_decay,
+            options=config.strategy_options,
+            bucket_numel=config.bucket_numel,
+            seed=config.seed,
+        )
     sync = GradientSync(
         compressor,
         error_feedback=config.error_feedback,
@@ -103,12 +113,10 @@ def _build_model(config: RunConfig, dataset: Dataset) -> nn.Module:
     )
 
 
-def _optimizer(config: RunConfig, model: nn.Module) -> torch.optim.Optimizer:
+def _optimizer(config: RunConfig, groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
     if config.optimizer == "adamw":
-        return torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    return torch.optim.SGD(
-        model.parameters(), lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay
-    )
+        return torch.optim.AdamW(groups, lr=config.lr, weight_decay=config.weight_decay)
+    return torch.optim.SGD(groups, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
 
 
 def _schedule(config: RunConfig, total_steps: int, steps_per_epoch: int) -> Callable[[int], float]:
@@ -208,7 +216,7 @@ def train(
     model = _build_model(config, train_set).to(ctx.device)
     strategy = strategy or default_strategy(config)
     strategy.setup(model)
-    optimizer = _optimizer(config, model)
+    optimizer = _optimizer(config, strategy.param_groups(model))
     steps_per_epoch = len(
         epoch_batches(
             len(train_set),
@@ -307,6 +315,7 @@ def train(
                 batches_epoch = epoch
                 if hasattr(train_set, "set_epoch"):  # augments as it decodes (ImageNet)
                     train_set.set_epoch(epoch)
+                strategy.set_epoch(epoch)  # e.g. DGC's warm-up densities
             x, y = train_set.get_batch(batches[index])
             x, y = x.to(ctx.device), y.to(ctx.device)
             if config.augment != "none":
@@ -388,6 +397,7 @@ def train(
         "compress_seconds": stats["compress_seconds"],
         "decompress_seconds": stats["decompress_seconds"],
         "sync_compute_seconds": sync_compute,
+        **strategy.metrics(),
     }
     if ctx.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -34,7 +34,15 @@ import sys
 from common import netem
 from common.data import load_dataset
 from pipelines.common import quiet_environment
-from pipelines.train import OUT_DIR_ENV, RUN_NAME_ENV, SEED_ENV, SEEDS_ENV, parse_seeds, resolve_config
+from pipelines.train import (
+    OUT_DIR_ENV,
+    RUN_NAME_ENV,
+    SEED_ENV,
+    SEEDS_ENV,
+    parse_runs,
+    parse_seeds,
+    plan_repeats,
+)
 
 
 def torchrun_command(pipeline: str, run: str, scale: str | None, nproc: int, max_restarts: int) -> list[str]:
@@ -60,7 +68,9 @@ def main(argv: list[str] | None = None) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("pipeline", help="a folder of pipelines/ with a params.yaml")
-    parser.add_argument("run", help="a key of that params.yaml's `runs`")
+    parser.add_argument(
+        "run", help="a key of that params.yaml's `runs`, or several (a,b,c) trained one after the other"
+    )
     parser.add_argument("--scale", default=None, help="override params.yaml's `scale`")
     parser.add_argument(
         "--net-bandwidth",
@@ -94,7 +104,14 @@ def main(argv: list[str] | None = None) -> None:
         except ValueError as error:
             raise SystemExit(f"error: {error}") from None
     try:
-        config = resolve_config(args.pipeline, args.run, args.scale)
+        if args.run_name and len(parse_runs(args.run)) > 1:
+            raise ValueError(
+                f"--run-name names one run; {args.run!r} are several (each is named after itself)"
+            )
+        if args.out:
+            os.environ[OUT_DIR_ENV] = os.path.abspath(args.out)
+        repeats = plan_repeats(args.pipeline, args.run, args.scale)  # every run's parameters checked
+        config = repeats[0][1]
         if args.net_bandwidth is not None:
             netem.parse_rate(args.net_bandwidth)
         # Missing or corrupt data fails here, once, not in every rank; a cold cache is filled now.
@@ -103,8 +120,6 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"error: {error}") from None
     for key, value in RESTART_SAFE_ENV.items():
         os.environ.setdefault(key, value)
-    if args.out:
-        os.environ[OUT_DIR_ENV] = os.path.abspath(args.out)
     if args.run_name:
         os.environ[RUN_NAME_ENV] = args.run_name
     if args.net_bandwidth is not None:

@@ -46,6 +46,48 @@ def resolve_config(pipeline: str, run: str, scale: str | None) -> RunConfig:
     return dataclasses.replace(config, seed=int(seed)) if seed else config
 
 
+def parse_runs(text: str) -> list[str]:
+    """``"a,b"`` -> ``["a", "b"]``: the runs one launch trains, one after the other."""
+    runs = [part.strip() for part in text.split(",")]
+    if not all(runs) or len(set(runs)) != len(runs):
+        raise ValueError(f"runs {text!r}: expected distinct comma-separated run names, e.g. fp32,dgc")
+    return runs
+
+
+def plan_repeats(pipeline: str, run: str, scale: str | None) -> list[tuple[str, RunConfig, str, str]]:
+    """(run, config, out dir, MLflow run name) of every training run one launch does, in order.
+
+    One run: into ``$THINWIRE_OUT_DIR`` (default ``results/<pipeline>/<run>``), named
+    ``$THINWIRE_RUN_NAME`` (default the run). Several runs (``a,b``): each into
+    ``<out>/<run>`` (default ``results/<pipeline>/<run>``), named after the run. With
+    ``$THINWIRE_SEEDS`` each of those gets ``/seed<k>`` and ``-seed<k>``. All runs of a launch
+    share its ranks: they must agree on ``world_size`` and ``max_restarts``.
+    """
+    runs = parse_runs(run)
+    configs = {r: resolve_config(pipeline, r, scale) for r in runs}
+    shapes = {(c.world_size, c.max_restarts) for c in configs.values()}
+    if len(shapes) > 1:
+        raise ValueError(
+            f"runs {run!r} share one launch but differ in world_size/max_restarts "
+            f"({', '.join(f'{r}: {c.world_size}/{c.max_restarts}' for r, c in configs.items())})"
+        )
+    out = os.environ.get(OUT_DIR_ENV)
+    targets = []
+    for r, config in configs.items():
+        if len(runs) == 1:
+            targets.append((r, config, out or str(run_dir(pipeline, r)), os.environ.get(RUN_NAME_ENV) or r))
+        else:
+            targets.append((r, config, os.path.join(out, r) if out else str(run_dir(pipeline, r)), r))
+    seeds = os.environ.get(SEEDS_ENV)
+    if not seeds:
+        return targets
+    return [
+        (r, dataclasses.replace(config, seed=s), os.path.join(directory, f"seed{s}"), f"{name}-seed{s}")
+        for r, config, directory, name in targets
+        for s in parse_seeds(seeds)
+    ]
+
+
 def progress_bar() -> Callable[[StepInfo], None]:
     """A tqdm bar for rank 0, created at the first step (when the total is known)."""
     from tqdm import tqdm
@@ -79,29 +121,18 @@ def main(argv: list[str] | None = None) -> None:
     quiet_environment()
     rank = int(os.environ.get("RANK", "0"))
     setup_logging(rank)
-    config = resolve_config(args.pipeline, args.run, args.scale)
     scale = args.scale or load_params(args.pipeline)["scale"]
-    out_dir = os.environ.get(OUT_DIR_ENV) or run_dir(args.pipeline, args.run)
-    run_name = os.environ.get(RUN_NAME_ENV) or args.run
-    seeds = os.environ.get(SEEDS_ENV)
-    repeats = (
-        [
-            (dataclasses.replace(config, seed=s), os.path.join(out_dir, f"seed{s}"), f"{run_name}-seed{s}")
-            for s in parse_seeds(seeds)
-        ]
-        if seeds
-        else [(config, out_dir, run_name)]
-    )
+    repeats = plan_repeats(args.pipeline, args.run, args.scale)
     ctx = init_from_env()
     try:
-        for repeat_config, repeat_dir, repeat_name in repeats:
+        for repeat_method, repeat_config, repeat_dir, repeat_name in repeats:
             callbacks = [progress_bar()] if ctx.is_main else []
             metrics = train(
                 repeat_config,
                 repeat_dir,
                 experiment=args.pipeline,
                 run_name=repeat_name,
-                tags={"scale": scale, "pipeline": args.pipeline, "method": args.run},
+                tags={"scale": scale, "pipeline": args.pipeline, "method": repeat_method},
                 callbacks=callbacks,
                 ctx=ctx,
             )

@@ -142,8 +142,11 @@ class GradientSync:
 
     # -- the explicit path ------------------------------------------------------------------------
 
-    def sync(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
-        """Average the given tensors (typically gradients) over ranks, in place; one step."""
+    def sync(self, named_tensors: Iterable[tuple[str, Tensor]], *, count_step: bool = True) -> None:
+        """Average the given tensors (typically gradients) over ranks, in place; one step.
+
+        ``count_step=False`` when several syncs share one :class:`CommStats` within a step (the
+        step is counted once, by one of them)."""
         named = [(name, t) for name, t in named_tensors]
         self._check_fp32_layers([name for name, _ in named])
         for bucket in self._buckets(named):
@@ -157,7 +160,8 @@ class GradientSync:
             for t, part in zip(tensors, mean.split(sizes), strict=True):
                 if part.data_ptr() != t.data_ptr():  # identity on one tensor reduces in place
                     t.copy_(part.view_as(t))
-        self.stats.steps += 1
+        if count_step:
+            self.stats.steps += 1
 
     def sync_gradients(self, module: nn.Module) -> None:
         """Average the gradients of ``module``'s parameters (those that have one)."""

@@ -13,7 +13,9 @@ from typing import Any
 from ..registry import lookup
 from .base import Compressor, CompressorRNG, Payload, check_density, num_kept
 from .cast import BF16, FP16
+from .dgc import DGC
 from .identity import Identity
+from .qsgd import QSGD
 from .randomk import RandomK
 from .terngrad import TernGrad
 from .topk import TopK
@@ -25,6 +27,8 @@ COMPRESSORS: dict[str, type[Compressor]] = {
     "topk": TopK,
     "randomk": RandomK,
     "terngrad": TernGrad,
+    "qsgd": QSGD,
+    "dgc": DGC,
 }
 
 
@@ -45,7 +49,9 @@ def build_compressor(name: str, **options: Any) -> Compressor:
 __all__ = [
     "BF16",
     "COMPRESSORS",
+    "DGC",
     "FP16",
+    "QSGD",
     "Compressor",
     "CompressorRNG",
     "Identity",

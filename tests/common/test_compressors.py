@@ -23,6 +23,17 @@ CONFIGS = {
         {"density": 0.1, "shared_indices": False},
     ],
     "terngrad": [{}, {"clip": None}],
+    "dgc": [
+        {"density": 0.01},
+        {"density": 0.5},
+        {"density": 0.01, "strided_sample": False, "truncation": "position"},
+    ],
+    "qsgd": [
+        {},
+        {"bits": 2, "norm": "max"},
+        {"bits": 8, "encoding": "elias"},
+        {"bits": 2, "bucket_size": 100, "encoding": "elias"},
+    ],
 }
 CASES = [(name, opts) for name, options in CONFIGS.items() for opts in options]
 
@@ -148,7 +159,7 @@ def test_density_outside_unit_interval_is_rejected(density):
 def test_unknown_name_and_option_errors_list_the_valid_ones():
     with pytest.raises(
         ValueError,
-        match="unknown compressor 'tpok'; valid names: bf16, fp16, identity, randomk, terngrad, topk",
+        match="unknown compressor 'tpok'; valid names: bf16, dgc, fp16, identity, qsgd, randomk, terngrad, topk",
     ):
         build_compressor("tpok")
     with pytest.raises(ValueError, match="unknown option.*ratio.*allowed: density"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import pytest
@@ -9,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from common.models import MODELS, build_model, count_parameters
+from common.models import MODELS, CifarResNet, build_model, count_parameters
 
 VOCAB = 50
 SEQ_LEN = 6
@@ -20,10 +21,14 @@ CASES: dict[str, dict[str, Any]] = {
     "lenet5": dict(),
     "lenet5_cifar": dict(in_channels=3, image_size=32),
     "resnet20": dict(in_channels=3, image_size=32),
+    # 16x16: the CIFAR ResNets pool globally, so any size works; a smaller map keeps 110 layers fast.
+    "resnet110": dict(in_channels=3, image_size=16),
     "vgg_small": dict(in_channels=3, image_size=32, width=0.125),
     "cifar10_alexnet": dict(in_channels=3, image_size=24),
     # 63x63: the smallest input alexnet takes (its classifier does not depend on the input size).
     "alexnet": dict(in_channels=3, image_size=63),
+    # 64x64: layer4 then has a 2x2 map, so BatchNorm in training mode also takes a batch of 1.
+    "resnet50": dict(in_channels=3, image_size=64),
     "lstm_lm": dict(vocab_size=VOCAB, embed_dim=16, hidden_dim=16),
     "gpt2_small": dict(vocab_size=VOCAB, n_layer=1, n_head=2, n_embd=16, n_positions=16),
 }
@@ -55,8 +60,14 @@ def test_every_registered_model_is_tested() -> None:
     assert {_model_name(c) for c in CASES} == set(MODELS)
 
 
-@pytest.mark.parametrize("batch", [1, 2, 7])
-@pytest.mark.parametrize("case", CASES)
+# Models that take about a second to build: the shape test runs them with one batch size only.
+BIG = {"resnet50"}
+
+
+@pytest.mark.parametrize(
+    ("case", "batch"),
+    [(case, batch) for case in CASES for batch in (1, 2, 7) if case not in BIG or batch == 2],
+)
 def test_output_shape(case: str, batch: int) -> None:
     model = _build(case)
     for mode in (True, False):
@@ -139,6 +150,71 @@ def test_resnet20_parameter_count_matches_paper() -> None:
     # He et al. 2016, Table 6: 0.27M. Option-A shortcuts add no parameters.
     num_params = count_parameters(build_model("resnet20", in_channels=3, image_size=32))
     assert 260_000 <= num_params <= 280_000
+
+
+def _state_checksum(model: nn.Module) -> tuple[str, float]:
+    """(sha256 of the state dict's names, shapes and dtypes; a position-weighted sum of its values)."""
+    state = model.state_dict()
+    layout = "\n".join(f"{k}:{tuple(v.shape)}:{v.dtype}" for k, v in state.items())
+    total = 0.0
+    for i, v in enumerate(state.values()):
+        flat = v.detach().double().flatten()
+        total += (i + 1) * float((flat * torch.linspace(1, 2, flat.numel(), dtype=torch.float64)).sum())
+    return hashlib.sha256(layout.encode()).hexdigest(), total
+
+
+def test_resnet20_is_unchanged_by_the_depth_option() -> None:
+    # Computed with the code before CifarResNet took a depth (the class was ResNet20), seed 0, 10
+    # classes. The names must match exactly (checkpoints); the values to float64 rounding, as torch's
+    # normal_ may differ in the last bit between CPU kernels. A different init or RNG order moves the
+    # sum by hundreds (seed 1 gives 149,379.86).
+    torch.manual_seed(0)
+    layout, total = _state_checksum(build_model("resnet20", in_channels=3, image_size=32))
+    assert layout == "a09b21dad4eda442c9457909360ed5ba22f52d5262625c05ed76641fa7172941"
+    assert total == pytest.approx(148_212.51054091685, abs=1e-2)
+    torch.manual_seed(0)
+    direct = CifarResNet(num_classes=10, in_channels=3)  # depth 20 by default
+    torch.manual_seed(0)
+    assert _same_parameters(direct, build_model("resnet20", in_channels=3, image_size=32))
+
+
+def _cifar_resnet_parameters(n: int, num_classes: int = 10) -> int:
+    # Convs have no bias; each BN has 2 parameters per channel; option-A shortcuts have none.
+    stem = 3 * 16 * 9 + 2 * 16
+    stages = 0
+    for in_planes, planes in ((16, 16), (16, 32), (32, 64)):
+        first = in_planes * planes * 9 + planes * planes * 9 + 4 * planes
+        stages += first + (n - 1) * (2 * planes * planes * 9 + 4 * planes)
+    return stem + stages + 64 * num_classes + num_classes
+
+
+def test_cifar_resnet_parameter_counts_match_paper() -> None:
+    # He et al. 2016, Table 6: ResNet-20 0.27M, ResNet-110 1.7M parameters.
+    with torch.device("meta"):
+        resnet20 = build_model("resnet20", in_channels=3, image_size=32)
+        resnet110 = build_model("resnet110", in_channels=3, image_size=32)
+    assert count_parameters(resnet20) == _cifar_resnet_parameters(3) == 269_722
+    assert count_parameters(resnet110) == _cifar_resnet_parameters(18) == 1_727_962
+    assert _weighted_layers(resnet20) == 20
+    assert _weighted_layers(resnet110) == 110
+
+
+def _weighted_layers(model: nn.Module) -> int:
+    return sum(isinstance(m, nn.Conv2d | nn.Linear) for m in model.modules())
+
+
+@pytest.mark.parametrize("depth", [8, 56])
+def test_cifar_resnet_depth_is_its_number_of_weighted_layers(depth: int) -> None:
+    with torch.device("meta"):
+        model = CifarResNet(num_classes=10, in_channels=3, depth=depth)
+    assert _weighted_layers(model) == depth
+    assert count_parameters(model) == _cifar_resnet_parameters((depth - 2) // 6)
+
+
+@pytest.mark.parametrize("depth", [2, 21, 108, 0, -4])
+def test_cifar_resnet_rejects_a_depth_that_is_not_6n_plus_2(depth: int) -> None:
+    with pytest.raises(ValueError, match=rf"6n\+2 .*got {depth}$"):
+        CifarResNet(num_classes=10, in_channels=3, depth=depth)
 
 
 def test_mlp_parameter_count() -> None:
@@ -293,3 +369,68 @@ def test_alexnet_rejects_too_small_inputs(imagenet_alexnet: nn.Module) -> None:
         build_model("alexnet", in_channels=3, image_size=32)
     with pytest.raises(ValueError, match=r"at least 63x63 .*\(32, 32\)"):
         imagenet_alexnet(torch.zeros(1, 3, 32, 32))
+
+
+# ---------------------------------------------------------------- DGC's ResNet-50
+
+
+RESNET50_BLOCKS = (3, 4, 6, 3)
+
+
+@pytest.fixture(scope="module")
+def small_resnet50() -> nn.Module:
+    torch.manual_seed(0)
+    return build_model("resnet50", in_channels=3, image_size=64).eval()
+
+
+def test_resnet50_parameter_count_and_imagenet_output() -> None:
+    with torch.device("meta"):
+        imagenet = build_model("resnet50", num_classes=1000, in_channels=3, image_size=224)
+        ten_classes = build_model("resnet50", in_channels=3, image_size=224)
+    assert count_parameters(imagenet) == 25_557_032  # torchvision's resnet50
+    assert count_parameters(ten_classes) == 25_557_032 - 2048 * 990 - 990
+    names = {name.split(".")[0] for name, _ in imagenet.named_parameters()}
+    assert names == {"conv1", "bn1", "layer1", "layer2", "layer3", "layer4", "fc"}
+    for i, blocks in enumerate(RESNET50_BLOCKS, start=1):
+        assert len(getattr(imagenet, f"layer{i}")) == blocks
+    with torch.device("meta"):  # an ImageNet crop, shapes only
+        assert imagenet(torch.empty(2, 3, 224, 224)).shape == (2, 1000)
+
+
+def test_resnet50_is_torchvisions_v1_5(small_resnet50: nn.Module) -> None:
+    # Same names, shapes, init and RNG order: the same seed gives the same parameters and outputs.
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    theirs = torchvision.models.resnet50(num_classes=10).eval()
+    ours_state, their_state = small_resnet50.state_dict(), theirs.state_dict()
+    assert list(ours_state) == list(their_state)
+    for name, value in ours_state.items():
+        assert torch.equal(value, their_state[name]), name
+    # v1.5: the stride sits on the 3x3 conv, not on the first 1x1.
+    assert small_resnet50.layer2[0].conv1.stride == (1, 1)
+    assert small_resnet50.layer2[0].conv2.stride == (2, 2)
+    x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(small_resnet50(x), theirs(x))
+
+
+def test_resnet50_zero_init_residual_zeroes_each_blocks_last_bn(small_resnet50: nn.Module) -> None:
+    torch.manual_seed(0)
+    zeroed = build_model("resnet50", in_channels=3, image_size=64, zero_init_residual=True)
+    default, changed = small_resnet50.state_dict(), zeroed.state_dict()
+    assert list(default) == list(changed)
+    differing = {name for name in default if not torch.equal(default[name], changed[name])}
+    expected = {
+        f"layer{i}.{j}.bn3.weight" for i, blocks in enumerate(RESNET50_BLOCKS, start=1) for j in range(blocks)
+    }
+    assert differing == expected
+    for name in expected:
+        assert torch.all(changed[name] == 0), name
+        assert torch.all(default[name] == 1), name  # off by default, as torchvision
+
+
+def test_resnet50_rejects_too_small_inputs(small_resnet50: nn.Module) -> None:
+    with pytest.raises(ValueError, match=r"resnet50 needs image_size >= 32 .*got 31"):
+        build_model("resnet50", in_channels=3, image_size=31)
+    with pytest.raises(ValueError, match=r"at least 32x32 .*\(16, 16\)"):
+        small_resnet50(torch.zeros(1, 3, 16, 16))
