@@ -56,8 +56,8 @@ class SyncStrategy:
         """The optimizer's parameter groups (a strategy may change a group's momentum or decay)."""
         return [{"params": [p for p in model.parameters() if p.requires_grad]}]
 
-    def set_epoch(self, epoch: int) -> None:
-        """Called when an epoch starts (and at the first step after a resume)."""
+    def set_epoch(self, epoch: float) -> None:
+        """Called before every step with the training progress in epochs (step / steps per epoch)."""
 
     def metrics(self) -> dict[str, float]:
         """Strategy-specific final metrics (this rank's), added to ``metrics.json``."""
@@ -142,6 +142,7 @@ DGC_OPTIONS: dict[str, Any] = {
     "nesterov": False,  # the code's Nesterov variant of the correction
     "clip_norm": None,  # local gradient clipping at clip_norm / sqrt(N) per tensor (None: off)
     "warmup": None,  # densities of the first epochs, e.g. [0.25, 0.0625, 0.015625, 0.00390625]
+    "warmup_epochs": None,  # spread the warmup entries over this many epochs (null: one epoch each)
     "min_dim": 2,  # only tensors with at least this many dimensions are sparsified (the code: > 1)
 }
 
@@ -156,6 +157,9 @@ def check_dgc_options(options: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(merged["warmup"], list | tuple) or not merged["warmup"]:
             raise ValueError(f"dgc warmup must be a list of densities or null, got {merged['warmup']!r}")
         warmup_density(0, 1.0, merged["warmup"])  # validates each entry
+    span = merged["warmup_epochs"]
+    if span is not None and (isinstance(span, bool) or not isinstance(span, int | float) or span <= 0):
+        raise ValueError(f"dgc warmup_epochs must be a number > 0 or null, got {span!r}")
     if isinstance(merged["min_dim"], bool) or not isinstance(merged["min_dim"], int) or merged["min_dim"] < 1:
         raise ValueError(f"dgc min_dim must be an int >= 1, got {merged['min_dim']!r}")
     clip = merged["clip_norm"]
@@ -176,7 +180,8 @@ class DGCDataParallel(SyncStrategy):
     (``p -= lr (m_wd + grad)``, ``m_wd = m m_wd + wd p``: the code's ``DGCSGD``). Without it, the
     memory is plain error feedback (u = g) and the optimizer applies momentum and weight decay to
     the averaged sparse gradient: Gradient Dropping, DGC's baseline. ``warmup`` sets the density
-    of the first epochs (the paper's 75 % ... 99.6 % sparsity) before the compressor's own.
+    of the first epochs (the paper's 75 % ... 99.6 % sparsity) before the compressor's own;
+    ``warmup_epochs`` spreads them over that many (possibly fractional) epochs instead of one each.
     """
 
     def __init__(
@@ -243,10 +248,12 @@ class DGCDataParallel(SyncStrategy):
             {"params": [p for _, p in dense]},
         ]
 
-    def set_epoch(self, epoch: int) -> None:
+    def set_epoch(self, epoch: float) -> None:
         warmup = self.options["warmup"]
         if warmup is not None:
-            self.compressor.inner.set_density(warmup_density(epoch, self.final_density, warmup))  # type: ignore[attr-defined]
+            span = self.options["warmup_epochs"] or len(warmup)
+            entry = int(epoch / span * len(warmup))  # past the warm-up: the final density
+            self.compressor.inner.set_density(warmup_density(entry, self.final_density, warmup))  # type: ignore[attr-defined]
 
     def after_backward(self, model: nn.Module) -> None:
         sparse, dense = self._split(model)

@@ -315,7 +315,7 @@ def train(
                 batches_epoch = epoch
                 if hasattr(train_set, "set_epoch"):  # augments as it decodes (ImageNet)
                     train_set.set_epoch(epoch)
-                strategy.set_epoch(epoch)  # e.g. DGC's warm-up densities
+            strategy.set_epoch(step / steps_per_epoch)  # e.g. DGC's warm-up densities
             x, y = train_set.get_batch(batches[index])
             x, y = x.to(ctx.device), y.to(ctx.device)
             if config.augment != "none":

@@ -109,6 +109,20 @@ def test_two_ranks_follow_the_papers_update(tmp_path, warmup):
     assert float(results[0]["_density_sent"]) == pytest.approx(sum(per_step) / (36 * STEPS))
 
 
+def test_warmup_spread_over_a_fraction_of_an_epoch():
+    strategy = DGCDataParallel(
+        build_compressor("dgc", density=0.001),
+        momentum=0.9,
+        weight_decay=0.0,
+        options={"warmup": [0.25, 0.0625], "warmup_epochs": 0.5},
+    )
+    densities = []
+    for progress in (0.0, 0.24, 0.25, 0.49, 0.5, 3.0):
+        strategy.set_epoch(progress)
+        densities.append(strategy.compressor.inner.density)
+    assert densities == [0.25, 0.25, 0.0625, 0.0625, 0.001, 0.001]
+
+
 def test_without_momentum_correction_the_optimizer_keeps_one_group():
     model = _model()
     plain = DGCDataParallel(
@@ -132,6 +146,7 @@ def test_without_momentum_correction_the_optimizer_keeps_one_group():
         ({"warmup": [0.25, 2.0]}, "2.0"),
         ({"warmup": 0.25}, "dgc warmup must be a list of densities or null, got 0.25"),
         ({"min_dim": 0}, "dgc min_dim must be an int >= 1, got 0"),
+        ({"warmup_epochs": 0}, "dgc warmup_epochs must be a number > 0 or null, got 0"),
         ({"clip_norm": -1}, "dgc clip_norm must be a number > 0 or null, got -1"),
     ],
 )
