@@ -226,6 +226,7 @@ class DGCDataParallel(SyncStrategy):
             build_compressor("identity"), bucket_numel=bucket_numel, seed=seed, stats=self.stats
         )
         self.wd_momentum: dict[str, Tensor] = {}
+        self._after_warmup: list[int] | None = None
 
     def _split(
         self, model: nn.Module
@@ -250,10 +251,21 @@ class DGCDataParallel(SyncStrategy):
 
     def set_epoch(self, epoch: float) -> None:
         warmup = self.options["warmup"]
+        in_warmup = False
         if warmup is not None:
             span = self.options["warmup_epochs"] or len(warmup)
             entry = int(epoch / span * len(warmup))  # past the warm-up: the final density
+            in_warmup = entry < len(warmup)
             self.compressor.inner.set_density(warmup_density(entry, self.final_density, warmup))  # type: ignore[attr-defined]
+        if not in_warmup and self._after_warmup is None:  # counters at the first step at full sparsity
+            stats = self.stats
+            self._after_warmup = [
+                stats.bits_sent,
+                stats.dense_bits,
+                stats.steps,
+                self.compressor.sent,
+                self.compressor.seen,
+            ]
 
     def after_backward(self, model: nn.Module) -> None:
         sparse, dense = self._split(model)
@@ -277,9 +289,19 @@ class DGCDataParallel(SyncStrategy):
         _broadcast_module_state(model, "buffers")
 
     def metrics(self) -> dict[str, float]:
-        """The density actually sent by this rank, over every sparsified tensor and step."""
+        """The density this rank actually sent (entries sent / entries of the sparsified tensors)
+        over the whole run and after the warm-up, and the compression factor after the warm-up
+        (dense fp32 bits / bits sent, every tensor, once the final density is reached)."""
         seen = self.compressor.seen
-        return {"density_sent": self.compressor.sent / seen if seen else math.nan}
+        out = {"density_sent": self.compressor.sent / seen if seen else math.nan}
+        if self._after_warmup is not None:
+            bits, dense, steps, sent, seen_before = self._after_warmup
+            if self.stats.steps > steps and self.stats.bits_sent > bits:
+                out["density_sent_after_warmup"] = (self.compressor.sent - sent) / (seen - seen_before)
+                out["compression_after_warmup"] = (self.stats.dense_bits - dense) / (
+                    self.stats.bits_sent - bits
+                )
+        return out
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -287,6 +309,7 @@ class DGCDataParallel(SyncStrategy):
             "dense": self.dense.state_dict(),
             "wd_momentum": {k: v.clone() for k, v in self.wd_momentum.items()},
             "counts": [self.compressor.sent, self.compressor.seen],
+            "after_warmup": self._after_warmup,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -294,3 +317,4 @@ class DGCDataParallel(SyncStrategy):
         self.dense.load_state_dict(state["dense"])
         self.wd_momentum = {k: v.clone() for k, v in state["wd_momentum"].items()}
         self.compressor.sent, self.compressor.seen = state["counts"]
+        self._after_warmup = state.get("after_warmup")

@@ -47,6 +47,8 @@ def _strategy_run(rank: int, world_size: int, options: dict) -> dict[str, torch.
     return {
         **{n: p.detach().clone() for n, p in model.named_parameters()},
         "_density_sent": torch.tensor(strategy.metrics()["density_sent"]),
+        "_after_warmup": torch.tensor(strategy.metrics()["density_sent_after_warmup"]),
+        "_compression_after": torch.tensor(strategy.metrics()["compression_after_warmup"]),
         "_steps": torch.tensor(strategy.stats.steps),
     }
 
@@ -107,6 +109,8 @@ def test_two_ranks_follow_the_papers_update(tmp_path, warmup):
     # matrices of 24 and 12 entries: ceil(0.25 n) sent; the warm-up's 0.5 for two steps
     per_step = [(12 + 6) if warmup is not None and s < 2 else (6 + 3) for s in range(STEPS)]
     assert float(results[0]["_density_sent"]) == pytest.approx(sum(per_step) / (36 * STEPS))
+    assert float(results[0]["_after_warmup"]) == pytest.approx(9 / 36)  # the final 0.25 only
+    assert float(results[0]["_compression_after"]) > 1
 
 
 def test_warmup_spread_over_a_fraction_of_an_epoch():
