@@ -2,7 +2,7 @@
 
     python -m papers.terngrad.report
 
-Reads ``results/terngrad/runs/<run>/seed<k>/`` and writes ``results/terngrad/report.md`` and
+Reads ``results/terngrad/runs/<task>/<run>/seed<k>/`` and writes ``results/terngrad/report.md`` and
 ``report.json`` (accuracy mean and std over seeds, bits per step, the compression factor measured
 from the wire, which transport route carried the codes, MLflow run ids, and the claim check:
 TernGrad within 1 point of fp32), ``curves.png`` (accuracy and loss, mean over seeds) and
@@ -42,7 +42,7 @@ def collect() -> list[dict[str, Any]]:
     for run in load_params("terngrad")["runs"]:
         if run.startswith("paper_"):  # paper scale only: GPU cluster runs, not in this pipeline
             continue
-        seeds = sorted(RUNS.glob(f"{run}/seed*/metrics.json"))
+        seeds = sorted(RUNS.glob(f"*/{run}/seed*/metrics.json"))  # runs/<task>/<run>/seed<k>
         if not seeds:
             raise SystemExit(
                 f"no results for {run} in {RUNS / run}: run `dvc repro pipelines/terngrad/dvc.yaml`"
