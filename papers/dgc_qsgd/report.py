@@ -82,11 +82,10 @@ def collect() -> list[dict[str, Any]]:
                 "bits_per_step": statistics.fmean(m["bits_per_step"] for m in metrics),
                 "dense_bits_per_step": metrics[0]["dense_bits_per_step"],
                 "compression_factor": statistics.fmean(m["compression_factor"] for m in metrics),
-                "density_sent": (
-                    statistics.fmean(m["density_sent"] for m in metrics)
-                    if "density_sent" in metrics[0]
-                    else None
-                ),
+                "density_sent": _mean(metrics, "density_sent"),
+                "density_after_warmup": _mean(metrics, "density_sent_after_warmup"),
+                "compression_after_warmup": _mean(metrics, "compression_after_warmup"),
+                "encoding": infos[0]["config"]["compressor_options"].get("encoding"),
                 "wall_seconds": statistics.fmean(m["wall_seconds"] for m in metrics),
                 "compress_seconds": statistics.fmean(m["compress_seconds"] for m in metrics),
                 "mlflow_run_ids": [i["mlflow_run_id"] for i in infos],
