@@ -34,7 +34,7 @@ VARIANTS = {
     "qsgd4": "QSGD 4 bits",
     "qsgd8": "QSGD 8 bits",
 }
-TASKS = {"cifar": "small VGG (width 0.25) / CIFAR-10", "ptb": "2-layer LSTM (128) / Penn Treebank"}
+TASKS = {"cifar": "small VGG (width 0.25) / CIFAR-10", "ptb": "2-layer LSTM (64) / Penn Treebank"}
 # The bars: within 1 accuracy point, or perplexity within 3 %, of fp32.
 CLAIM_POINTS = 1.0
 CLAIM_PERPLEXITY = 0.03
