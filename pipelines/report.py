@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from common.fileio import atomic_write_json, atomic_write_text
+from common.fileio import atomic_write, atomic_write_json, atomic_write_text
 from common.plots import plot_curves
 from pipelines.common import RESULTS_DIR, load_params, quiet_environment, run_dir
 
@@ -39,6 +39,18 @@ def read_csv(path: Path) -> list[dict[str, float]]:
     """A run's curve (train_curve.csv / eval_curve.csv) as rows of floats; empty cells dropped."""
     with path.open() as f:
         return [{k: float(v) for k, v in row.items() if v != ""} for row in csv.DictReader(f)]
+
+
+def save_panels(fig: Any, axes: Any, path: Path) -> None:
+    """Grid and legend on every panel, then the figure written atomically as PNG and closed."""
+    import matplotlib.pyplot as plt
+
+    for ax in axes.flat:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    atomic_write(path, lambda p: fig.savefig(p, format="png", dpi=110))
+    plt.close(fig)
 
 
 def collect(pipeline: str) -> list[dict[str, Any]]:

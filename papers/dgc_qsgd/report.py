@@ -16,9 +16,9 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from common.fileio import atomic_write, atomic_write_json, atomic_write_text
+from common.fileio import atomic_write_json, atomic_write_text
 from pipelines.common import RESULTS_DIR, load_params, quiet_environment
-from pipelines.report import read_csv
+from pipelines.report import read_csv, save_panels
 
 PIPELINE = "dgc_qsgd"
 OUT = RESULTS_DIR / PIPELINE
@@ -199,12 +199,7 @@ def plot_curves(rows: list[dict[str, Any]], path: Path) -> None:
         axes[1][col].set(xlabel="step", ylabel=f"test {label}, mean over seeds")
         if key == "test_perplexity":
             axes[1][col].set_yscale("log")
-        for ax in axes[:, col]:
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=7)
-    fig.tight_layout()
-    atomic_write(path, lambda p: fig.savefig(p, format="png", dpi=110))
-    plt.close(fig)
+    save_panels(fig, axes, path)
 
 
 def main() -> None:

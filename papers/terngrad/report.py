@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from common import costmodel
-from common.fileio import atomic_write, atomic_write_json, atomic_write_text
+from common.fileio import atomic_write_json, atomic_write_text
 from papers.terngrad import perf_model
 from pipelines.common import RESULTS_DIR, load_params, quiet_environment
-from pipelines.report import read_csv
+from pipelines.report import read_csv, save_panels
 
 OUT = RESULTS_DIR / "terngrad"
 RUNS = OUT / "runs"
@@ -132,12 +132,7 @@ def plot_curves(rows: list[dict[str, Any]], path: Path) -> None:
             axes[1][col].plot(tsteps, loss, label=VARIANTS[r["variant"]])
         axes[0][col].set(title=TASKS[task], xlabel="step", ylabel="test accuracy (%), mean over seeds")
         axes[1][col].set(xlabel="step", ylabel="training loss, mean over seeds", yscale="log")
-        for ax in axes[:, col]:
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=7)
-    fig.tight_layout()
-    atomic_write(path, lambda p: fig.savefig(p, format="png", dpi=110))
-    plt.close(fig)
+    save_panels(fig, axes, path)
 
 
 def main() -> None:
