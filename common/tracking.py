@@ -38,8 +38,17 @@ def git_sha() -> str:
         sha = out.stdout.strip() or "unknown"
         dirty = subprocess.run(
             # Dirty means the code differs from the commit; outputs (results/, dvc.lock files that
-            # a running pipeline rewrites) do not count.
-            ["git", "status", "--porcelain", "--untracked-files=no", "--", *CODE_PATHS, ":(exclude)*.lock"],
+            # a running pipeline rewrites) and documentation (READMEs edited during a run) do not.
+            [
+                "git",
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                *CODE_PATHS,
+                ":(exclude)*.lock",
+                ":(exclude)*.md",
+            ],
             cwd=REPO_ROOT,
             capture_output=True,
             text=True,

@@ -142,6 +142,7 @@ def _schedule(config: RunConfig, total_steps: int, steps_per_epoch: int) -> Call
 
 
 @torch.no_grad()
+@torch.no_grad()
 def evaluate(model: nn.Module, dataset: Dataset, ctx: DistContext, batch_size: int) -> dict[str, float]:
     """Loss and accuracy on ``dataset``, each rank a disjoint shard, summed over ranks.
 
