@@ -43,7 +43,7 @@ def run_ranks(
     also on failure or timeout, so no rank outlives the test.
     """
     out_dir = tmp_path / f"ranks-{free_port()}"
-    out_dir.mkdir()
+    out_dir.mkdir(parents=True)
     ctx = mp.start_processes(
         _worker,
         args=(fn, world_size, free_port(), str(out_dir), args),

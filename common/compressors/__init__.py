@@ -16,6 +16,7 @@ from .cast import BF16, FP16
 from .dgc import DGC
 from .identity import Identity
 from .qsgd import QSGD
+from .random_block import RandomBlock
 from .randomk import RandomK
 from .terngrad import TernGrad
 from .topk import TopK
@@ -26,6 +27,7 @@ COMPRESSORS: dict[str, type[Compressor]] = {
     "bf16": BF16,
     "topk": TopK,
     "randomk": RandomK,
+    "random_block": RandomBlock,
     "terngrad": TernGrad,
     "qsgd": QSGD,
     "dgc": DGC,
@@ -43,6 +45,14 @@ def build_compressor(name: str, **options: Any) -> Compressor:
             f"unknown option(s) {', '.join(unknown)} for compressor {name!r}; "
             f"allowed: {', '.join(allowed) or '(none)'}"
         )
+    positional = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    required = [
+        p
+        for p in allowed
+        if params[p].default is inspect.Parameter.empty and params[p].kind not in positional and p not in options
+    ]
+    if required:
+        raise ValueError(f"compressor {name!r} needs option(s) {', '.join(required)}")
     return cls(**options)
 
 
@@ -56,6 +66,7 @@ __all__ = [
     "CompressorRNG",
     "Identity",
     "Payload",
+    "RandomBlock",
     "RandomK",
     "TopK",
     "build_compressor",

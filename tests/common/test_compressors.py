@@ -22,6 +22,7 @@ CONFIGS = {
         {"density": 0.1, "scaled": False},
         {"density": 0.1, "shared_indices": False},
     ],
+    "random_block": [{"density": 1 / 16}, {"density": 0.5, "scaled": True}],
     "terngrad": [{}, {"clip": None}],
     "dgc": [
         {"density": 0.01},
@@ -159,8 +160,13 @@ def test_density_outside_unit_interval_is_rejected(density):
 def test_unknown_name_and_option_errors_list_the_valid_ones():
     with pytest.raises(
         ValueError,
-        match="unknown compressor 'tpok'; valid names: bf16, dgc, fp16, identity, qsgd, randomk, terngrad, topk",
+        match="unknown compressor 'tpok'; valid names: bf16, dgc, fp16, identity, qsgd, random_block, randomk, terngrad, topk",
     ):
         build_compressor("tpok")
     with pytest.raises(ValueError, match="unknown option.*ratio.*allowed: density"):
         build_compressor("topk", ratio=0.1)
+
+
+def test_a_missing_required_option_is_named():
+    with pytest.raises(ValueError, match="compressor 'topk' needs option\\(s\\) density"):
+        build_compressor("topk")

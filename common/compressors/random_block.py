@@ -1,0 +1,72 @@
+"""Random-block sparsification: one contiguous block per tensor, at a shared random offset.
+
+Xu & Huang, ICML 2022 ("URSB", uniform random sparse block, in the authors' ``all_reducer.py``).
+Legend: ``n`` the tensor's entries, ``K = ceil(density * n)`` the block length, ``offset`` in
+[0, n) the block's first entry; the block wraps around the end of the flattened tensor::
+
+    block = flat[offset : offset + K]  ++  flat[0 : max(0, offset + K - n)]
+
+The offset is drawn from the *shared* generator, so every rank picks the same block for the same
+tensor at the same step (GradientSync compresses the same tensors in the same order on every rank)
+and no index crosses the wire: the compressor is linear, the blocks of all ranks are summed by a
+dense all-reduce (ring compatible), and the bits on the wire are ``K * 8 * element_size``. Selecting
+costs one random draw and a slice, no pass over the tensor; decompression writes the block into zeros.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .base import Compressor, CompressorRNG, Payload, check_density, num_kept
+
+
+def block_offset(numel: int, rng: CompressorRNG) -> int:
+    """The block's first entry, uniform in [0, numel), from the shared generator."""
+    generator = rng.shared
+    return int(torch.randint(numel, (1,), generator=generator, device=generator.device).item())
+
+
+class RandomBlock(Compressor):
+    """One contiguous block of ``density * numel`` entries per tensor (wrapping), at an offset from
+    the shared generator: linear, fixed size, no indices on the wire.
+
+    ``scaled=True`` multiplies the block by n / K, which makes it unbiased (the offset is uniform,
+    so every entry is in the block with probability K / n); ``scaled=False`` (default, as in the
+    paper's code) is the biased variant meant for error feedback.
+    """
+
+    name = "random_block"
+    linear = True
+    fixed_size = True
+
+    def __init__(self, density: float, *, scaled: bool = False) -> None:
+        self.density = check_density(density)
+        self.scaled = bool(scaled)
+        self.unbiased = self.scaled
+
+    def compress(self, x: Tensor, rng: CompressorRNG) -> Payload:
+        flat = x.reshape(-1)
+        n = flat.numel()
+        k = num_kept(n, self.density)
+        offset = block_offset(n, rng)
+        end = offset + k
+        # the block wraps around the end of the tensor
+        values = flat[offset:end] if end <= n else torch.cat([flat[offset:], flat[: end - n]])
+        if self.scaled:
+            values = values * (n / k)
+        return Payload(wire={"values": values}, shape=x.shape, dtype=x.dtype, local={"offset": offset})
+
+    def decompress(self, payload: Payload) -> Tensor:
+        values = payload.wire["values"]
+        n = payload.numel
+        k = values.numel()
+        offset = int(payload.local["offset"])
+        out = torch.zeros(n, dtype=payload.dtype, device=values.device)
+        end = offset + k
+        if end <= n:
+            out[offset:end] = values
+        else:
+            out[offset:] = values[: n - offset]
+            out[: end - n] = values[n - offset :]
+        return out.reshape(payload.shape)
