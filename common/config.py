@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 OPTIMIZERS = ("sgd", "adamw")
-STRATEGIES = ("data_parallel", "dgc")
+STRATEGIES = ("data_parallel", "dgc", "def")
 AUGMENTATIONS = ("none", "crop_flip")  # common.data.augment (kept here: validation imports no torch)
 LR_SCHEDULES = ("constant", "cosine", "step")
 
@@ -32,8 +32,9 @@ class RunConfig:
     compressor_options: dict[str, Any] = field(default_factory=dict)
     error_feedback: bool = False
     # How a step communicates (common.strategies): "data_parallel" (GradientSync of every gradient
-    # through the compressor) or "dgc" (Deep Gradient Compression's step; strategy_options are
-    # common.strategies.DGC_OPTIONS).
+    # through the compressor), "dgc" (Deep Gradient Compression's step; strategy_options are
+    # common.strategies.DGC_OPTIONS) or "def" (detached error feedback on the momentum update,
+    # DEF/DEF-A, classic EF at mu 0; options common.strategies.DEF_OPTIONS).
     strategy: str = "data_parallel"
     strategy_options: dict[str, Any] = field(default_factory=dict)
     transport: str = "auto"
@@ -137,17 +138,22 @@ class RunConfig:
         build_compressor(self.compressor, **self.compressor_options)
         if self.strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {self.strategy!r}; valid: {', '.join(STRATEGIES)}")
-        if self.strategy == "dgc":
-            from .strategies import check_dgc_options
+        if self.strategy in ("dgc", "def"):
+            from .strategies import check_def_options, check_dgc_options
 
-            check_dgc_options(self.strategy_options)
+            if self.strategy == "dgc":
+                check_dgc_options(self.strategy_options)
+            else:
+                check_def_options(self.strategy_options)
             if self.optimizer != "sgd":
                 raise ValueError(
-                    f"strategy dgc is DGC's momentum SGD: optimizer must be sgd, got {self.optimizer!r}"
+                    f"strategy {self.strategy} applies momentum SGD itself: optimizer must be sgd, "
+                    f"got {self.optimizer!r}"
                 )
             if self.error_feedback:
                 raise ValueError(
-                    "strategy dgc keeps its own memory (momentum correction): set error_feedback: false"
+                    f"strategy {self.strategy} keeps its own memory (momentum correction / error "
+                    "feedback on the update): set error_feedback: false"
                 )
         elif self.strategy_options:
             raise ValueError(

@@ -209,6 +209,46 @@ class VGGSmall(nn.Module):
         return self.fc(torch.flatten(self.features(x), 1))
 
 
+class VGG16BN(nn.Module):
+    """VGG-16 with BatchNorm for 32x32 inputs, the DEF paper's CIFAR-10 model (Xu & Huang 2022;
+    their ``models/vgg.py``: 13 conv 3x3 + BN + ReLU in five stages of 64-128-256-512-512 channels,
+    each closed by a 2x2 max pool, then dropout - fc 512 - ReLU - dropout - fc 512 - ReLU - fc).
+    15.25M parameters for 10 classes."""
+
+    STAGES = ((64, 64), (128, 128), (256, 256, 256), (512, 512, 512), (512, 512, 512))
+
+    def __init__(self, *, num_classes: int, in_channels: int, image_size: int, dropout: float = 0.5) -> None:
+        super().__init__()
+        if image_size != 32:
+            raise ValueError(
+                f"vgg16_bn is the CIFAR model (five 2x poolings of 32x32), got image_size {image_size}"
+            )
+        layers: list[nn.Module] = []
+        channels = in_channels
+        for stage in self.STAGES:
+            for out in stage:
+                layers += [nn.Conv2d(channels, out, 3, padding=1), nn.BatchNorm2d(out), nn.ReLU(inplace=True)]
+                channels = out
+            layers.append(nn.MaxPool2d(2))
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Sequential(
+            nn.Dropout(dropout),
+            nn.Linear(512, 512),
+            nn.ReLU(inplace=True),
+            nn.Dropout(dropout),
+            nn.Linear(512, 512),
+            nn.ReLU(inplace=True),
+            nn.Linear(512, num_classes),
+        )
+        for module in self.modules():  # the authors' initialisation: He normal (fan-out) convs
+            if isinstance(module, nn.Conv2d):
+                nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
+                nn.init.zeros_(module.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.classifier(torch.flatten(self.features(x), 1))
+
+
 class _MaxPoolSame(nn.Module):
     """Max-pooling with TensorFlow's ``padding='SAME'``: output side ``ceil(n / stride)``.
 
@@ -549,6 +589,7 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
     "resnet20": _resnet20,
     "resnet110": _resnet110,
     "vgg_small": VGGSmall,
+    "vgg16_bn": VGG16BN,
     "cifar10_alexnet": CifarAlexNet,
     "alexnet": AlexNet,
     "resnet50": ResNet50,

@@ -44,7 +44,7 @@ from .distributed import DistContext, barrier, init_from_env, seed_everything
 from .fileio import atomic_write_json, atomic_write_text
 from .models import build_model
 from .plots import plot_curves
-from .strategies import DataParallel, DGCDataParallel, SyncStrategy
+from .strategies import DataParallel, DetachedEFDataParallel, DGCDataParallel, SyncStrategy
 from .tracking import Tracker, git_sha
 
 log = logging.getLogger(__name__)
@@ -70,8 +70,17 @@ Callback = Callable[[StepInfo], None]
 
 def default_strategy(config: RunConfig) -> SyncStrategy:
     """``config.strategy``: data parallelism through ``config``'s compressor (with error feedback
-    if asked), or DGC's step."""
+    if asked), DGC's step, or detached error feedback (DEF)."""
     compressor = build_compressor(config.compressor, **config.compressor_options)
+    if config.strategy == "def":
+        return DetachedEFDataParallel(
+            compressor,
+            momentum=config.momentum,
+            weight_decay=config.weight_decay,
+            options=config.strategy_options,
+            bucket_numel=config.bucket_numel,
+            seed=config.seed,
+        )
     if config.strategy == "dgc":
         return DGCDataParallel(
             compressor,
@@ -355,6 +364,7 @@ def train(
             if step % config.eval_every == 0 or step == total_steps:
                 strategy.before_eval(model)
                 result = evaluate(model, test_set, ctx, batch_size=max(config.batch_size, 256))
+                strategy.after_eval(model)
                 # wall_seconds: training time so far (steps only, not evaluation): time-to-accuracy
                 eval_rows.append({"step": step, "epoch": epoch, "wall_seconds": elapsed, **result})
                 tracker.log_metrics(result, step)

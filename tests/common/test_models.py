@@ -24,6 +24,7 @@ CASES: dict[str, dict[str, Any]] = {
     # 16x16: the CIFAR ResNets pool globally, so any size works; a smaller map keeps 110 layers fast.
     "resnet110": dict(in_channels=3, image_size=16),
     "vgg_small": dict(in_channels=3, image_size=32, width=0.125),
+    "vgg16_bn": dict(in_channels=3, image_size=32),
     "cifar10_alexnet": dict(in_channels=3, image_size=24),
     # 63x63: the smallest input alexnet takes (its classifier does not depend on the input size).
     "alexnet": dict(in_channels=3, image_size=63),
@@ -434,3 +435,14 @@ def test_resnet50_rejects_too_small_inputs(small_resnet50: nn.Module) -> None:
         build_model("resnet50", in_channels=3, image_size=31)
     with pytest.raises(ValueError, match=r"at least 32x32 .*\(16, 16\)"):
         small_resnet50(torch.zeros(1, 3, 16, 16))
+
+
+def test_vgg16_bn_is_the_def_papers_cifar_model() -> None:
+    channels = [c for stage in ((64, 64), (128, 128), (256,) * 3, (512,) * 3, (512,) * 3) for c in stage]
+    convs = sum(9 * cin * cout + cout + 2 * cout for cin, cout in zip([3, *channels[:-1]], channels))
+    classifier = (512 * 512 + 512) * 2 + 512 * 10 + 10
+    model = build_model("vgg16_bn", in_channels=3, image_size=32)
+    assert count_parameters(model) == convs + classifier == 15_253_578
+    assert sum(isinstance(m, nn.Conv2d) for m in model.modules()) == 13
+    with pytest.raises(ValueError, match="vgg16_bn is the CIFAR model .* got image_size 64"):
+        build_model("vgg16_bn", in_channels=3, image_size=64)

@@ -1,0 +1,105 @@
+"""Sync strategies: what crosses the wire in a training step, plugged into ``common.train``.
+
+The training loop calls, each step: ``forward_backward`` -> ``after_backward`` -> optimizer step
+-> ``after_step``. Data-parallel methods average gradients in ``after_backward``; decentralized
+(gossip) methods mix parameters in ``after_step``; pipeline-parallel training overrides
+``forward_backward``. None of them copies the loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from ..comm.collectives import get_world_size
+from ..comm.stats import CommStats
+from ..comm.sync import GradientSync
+
+LossFn = Callable[[Tensor, Tensor], Tensor]
+
+
+class SyncStrategy:
+    """Base: a single process's plain step. Subclasses say what is communicated."""
+
+    stats: CommStats
+
+    def __init__(self) -> None:
+        self.stats = CommStats()
+
+    def setup(self, model: nn.Module) -> None:
+        """Called once, after the model is built and before the first step."""
+
+    def forward_backward(self, model: nn.Module, x: Tensor, y: Tensor, loss_fn: LossFn) -> Tensor:
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        return loss.detach()
+
+    def after_backward(self, model: nn.Module) -> None:
+        """Gradients are local here; data-parallel strategies average them."""
+
+    def after_step(self, model: nn.Module) -> None:
+        """Parameters were just updated; decentralized strategies gossip them."""
+
+    def before_eval(self, model: nn.Module) -> None:
+        """Make the model that is evaluated well defined across ranks."""
+
+    def after_eval(self, model: nn.Module) -> None:
+        """Undo what ``before_eval`` changed that training must not see (e.g. swapped parameters)."""
+
+    def param_groups(self, model: nn.Module) -> list[dict[str, Any]]:
+        """The optimizer's parameter groups (a strategy may change a group's momentum or decay)."""
+        return [{"params": [p for p in model.parameters() if p.requires_grad]}]
+
+    def set_epoch(self, epoch: float) -> None:
+        """Called before every step with the training progress in epochs (step / steps per epoch)."""
+
+    def metrics(self) -> dict[str, float]:
+        """Strategy-specific final metrics (this rank's), added to ``metrics.json``."""
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"stats": self.stats.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.stats.load_state_dict(state["stats"])
+
+
+def _broadcast_module_state(model: nn.Module, tensors: str) -> None:
+    """Copy rank 0's parameters or buffers to every rank (set-up traffic, not gradient traffic:
+    deliberately not counted in CommStats)."""
+    if get_world_size() == 1:
+        return
+    items = model.parameters() if tensors == "parameters" else model.buffers()
+    with torch.no_grad():
+        for t in items:
+            dist.broadcast(t.data, src=0)
+
+
+class DataParallel(SyncStrategy):
+    """Synchronous data parallelism: every rank's gradients averaged through a :class:`GradientSync`."""
+
+    def __init__(self, sync: GradientSync) -> None:
+        self.sync = sync
+        self.stats = sync.stats
+
+    def setup(self, model: nn.Module) -> None:
+        _broadcast_module_state(model, "parameters")
+        _broadcast_module_state(model, "buffers")
+
+    def after_backward(self, model: nn.Module) -> None:
+        self.sync.sync_gradients(model)
+
+    def before_eval(self, model: nn.Module) -> None:
+        # BatchNorm running statistics drift apart per rank (DDP broadcasts them every forward);
+        # evaluate with rank 0's on every rank.
+        _broadcast_module_state(model, "buffers")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"sync": self.sync.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sync.load_state_dict(state["sync"])
