@@ -41,6 +41,23 @@ def read_csv(path: Path) -> list[dict[str, float]]:
         return [{k: float(v) for k, v in row.items() if v != ""} for row in csv.DictReader(f)]
 
 
+def seed_results(runs: Path, run: str, pipeline: str) -> list[dict[str, Any]]:
+    """Every seed of ``run`` under ``runs/<task>/<run>/seed<k>/`` (one launch per task): per seed
+    its ``metrics`` and ``info`` (run.json) and its ``eval`` and ``train`` curves."""
+    folders = sorted(p.parent for p in runs.glob(f"*/{run}/seed*/metrics.json"))
+    if not folders:
+        raise SystemExit(f"no results for {run} in {runs}: run `dvc repro pipelines/{pipeline}/dvc.yaml`")
+    return [
+        {
+            "metrics": json.loads((folder / "metrics.json").read_text()),
+            "info": json.loads((folder / "run.json").read_text()),
+            "eval": read_csv(folder / "eval_curve.csv"),
+            "train": read_csv(folder / "train_curve.csv"),
+        }
+        for folder in folders
+    ]
+
+
 def save_panels(fig: Any, axes: Any, path: Path) -> None:
     """Grid and legend on every panel, then the figure written atomically as PNG and closed."""
     import matplotlib.pyplot as plt

@@ -1,0 +1,104 @@
+"""Random-block sparsification's point is cheapness: its compress + decompress against top-k's.
+
+    python benchmarks/comm/bench_random_block.py            # ~1 minute on 2 cores
+    python benchmarks/comm/bench_random_block.py --device cuda
+
+For tensors of 10^5, 10^6 and 10^7 fp32 entries (normal, seeded) at the DEF paper's densities 1/16
+and 1/64, times ``compress`` then ``decompress`` of the registered compressors ``random_block``,
+``topk`` (exact ``torch.topk`` of the magnitudes, values + int32 indices) and ``randomk`` (shared
+indices: a permutation per call), the median of ``--repeats`` calls after two warm-up calls, on one
+thread (CPU) or with a device synchronize around each call (CUDA). The issue's bar: random block at
+most 5 % of top-k's time at every size. Writes benchmarks/results/random_block_cost.md
+(benchmarks/results/random_block_cost_<device>.md off the CPU) and prints it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from common.compressors import build_compressor  # noqa: E402
+from common.compressors.base import CompressorRNG  # noqa: E402
+from common.fileio import atomic_write_text  # noqa: E402
+from common.tracking import git_sha  # noqa: E402
+
+SIZES = (10**5, 10**6, 10**7)
+DENSITIES = (1 / 16, 1 / 64)
+METHODS = ("random_block", "topk", "randomk")
+BAR = 0.05  # random block's time / top-k's, at most
+
+
+def time_roundtrip(name: str, density: float, x: torch.Tensor, repeats: int) -> float:
+    """Median seconds of compress + decompress."""
+    compressor = build_compressor(name, density=density)
+    rng = CompressorRNG(seed=0, rank=0, device=x.device)
+    times = []
+    for i in range(repeats + 2):
+        if x.is_cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        out = compressor.decompress(compressor.compress(x, rng))
+        if x.is_cuda:
+            torch.cuda.synchronize()
+        if i >= 2:
+            times.append(time.perf_counter() - start)
+        del out
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--repeats", type=int, default=9)
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    if device.type == "cpu":
+        torch.set_num_threads(1)
+    rows = []
+    for numel in SIZES:
+        x = torch.randn(numel, generator=torch.Generator().manual_seed(numel)).to(device)
+        for density in DENSITIES:
+            seconds = {m: time_roundtrip(m, density, x, args.repeats) for m in METHODS}
+            rows.append((numel, density, seconds))
+            print(
+                f"n={numel:>10,} density=1/{round(1 / density)}: "
+                + ", ".join(f"{m} {1e3 * s:.3f} ms" for m, s in seconds.items()),
+                flush=True,
+            )
+    where = f"{device.type}" + (
+        f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ", 1 thread"
+    )
+    lines = [
+        "# Random block against top-k: compress + decompress time\n",
+        f"`python benchmarks/comm/bench_random_block.py --device {args.device}` at git `{git_sha()}`, "
+        f"torch {torch.__version__}, {where}; median of {args.repeats} calls after 2 warm-up calls, "
+        "fp32 normal tensors. Top-k: exact `torch.topk` of |x| (values + int32 indices); random-k: "
+        "shared indices from a permutation; random block: one contiguous block at a shared random "
+        f"offset. The bar (issue 7): random block at most {100 * BAR:.0f} % of top-k.\n",
+        "| entries | density | random block (ms) | top-k (ms) | random-k (ms) | block / top-k | within bar |",
+        "|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for numel, density, s in rows:
+        ratio = s["random_block"] / s["topk"]
+        lines.append(
+            f"| {numel:,} | 1/{round(1 / density)} | {1e3 * s['random_block']:.3f} | {1e3 * s['topk']:.3f} "
+            f"| {1e3 * s['randomk']:.3f} | {100 * ratio:.2f} % | {'yes' if ratio <= BAR else '**no**'} |"
+        )
+    name = "random_block_cost.md" if device.type == "cpu" else f"random_block_cost_{device.type}.md"
+    text = "\n".join(lines) + "\n"
+    atomic_write_text(REPO / "benchmarks" / "results" / name, text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
