@@ -243,6 +243,7 @@ class VGG16BN(nn.Module):
         for module in self.modules():  # the authors' initialisation: He normal (fan-out) convs
             if isinstance(module, nn.Conv2d):
                 nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
+                assert module.bias is not None
                 nn.init.zeros_(module.bias)
 
     def forward(self, x: Tensor) -> Tensor:

@@ -49,7 +49,9 @@ def build_compressor(name: str, **options: Any) -> Compressor:
     required = [
         p
         for p in allowed
-        if params[p].default is inspect.Parameter.empty and params[p].kind not in positional and p not in options
+        if params[p].default is inspect.Parameter.empty
+        and params[p].kind not in positional
+        and p not in options
     ]
     if required:
         raise ValueError(f"compressor {name!r} needs option(s) {', '.join(required)}")
