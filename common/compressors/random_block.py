@@ -51,8 +51,8 @@ class RandomBlock(Compressor):
         k = num_kept(n, self.density)
         offset = block_offset(n, rng)
         end = offset + k
-        # the block wraps around the end of the tensor
-        values = flat[offset:end] if end <= n else torch.cat([flat[offset:], flat[: end - n]])
+        # the block wraps around the end of the tensor (narrow: a view, the cheapest slice)
+        values = flat.narrow(0, offset, k) if end <= n else torch.cat([flat[offset:], flat[: end - n]])
         if self.scaled:
             values = values * (n / k)
         return Payload(wire={"values": values}, shape=x.shape, dtype=x.dtype, local={"offset": offset})
@@ -65,8 +65,8 @@ class RandomBlock(Compressor):
         out = torch.zeros(n, dtype=payload.dtype, device=values.device)
         end = offset + k
         if end <= n:
-            out[offset:end] = values
+            out.narrow(0, offset, k).copy_(values)
         else:
-            out[offset:] = values[: n - offset]
-            out[: end - n] = values[n - offset :]
+            out.narrow(0, offset, n - offset).copy_(values[: n - offset])
+            out.narrow(0, 0, end - n).copy_(values[n - offset :])
         return out.reshape(payload.shape)
