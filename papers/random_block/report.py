@@ -43,7 +43,7 @@ def collect() -> list[dict[str, Any]]:
         seeds = seed_results(RUNS, run, PIPELINE)
         density, variant = ("dense", "dense") if run == "dense" else run.split("_", 1)
         accuracy = [100 * s["metrics"]["test_accuracy"] for s in seeds]
-        steps = [row["step"] for row in seeds[0]["eval"]]
+        steps = [int(row["step"]) for row in seeds[0]["eval"]]
         rows.append(
             {
                 "run": run,
@@ -165,6 +165,7 @@ def plot_curves(rows: list[dict[str, Any]], path: Path) -> None:
                 r["eval_steps"], r["eval_accuracy"], style, marker="o", label=VARIANTS[r["variant"]]
             )
         axes[0][col].set(title=f"density {label}", xlabel="step", ylabel="training loss, mean over seeds")
+        axes[0][col].set_yscale("log")  # classic EF diverges here: hundreds against ~2
         axes[1][col].set(xlabel="step", ylabel="test accuracy (%), mean over seeds")
     save_panels(fig, axes, path)
 
