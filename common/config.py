@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 OPTIMIZERS = ("sgd", "adamw")
-STRATEGIES = ("data_parallel", "dgc", "def")
+STRATEGIES = ("data_parallel", "dgc", "def", "sparse")
 AUGMENTATIONS = ("none", "crop_flip")  # common.data.augment (kept here: validation imports no torch)
 LR_SCHEDULES = ("constant", "cosine", "step")
 
@@ -34,7 +34,8 @@ class RunConfig:
     # How a step communicates (common.strategies): "data_parallel" (GradientSync of every gradient
     # through the compressor), "dgc" (Deep Gradient Compression's step; strategy_options are
     # common.strategies.DGC_OPTIONS) or "def" (detached error feedback on the momentum update,
-    # DEF/DEF-A, classic EF at mu 0; options common.strategies.DEF_OPTIONS).
+    # DEF/DEF-A, classic EF at mu 0; options common.strategies.DEF_OPTIONS) or "sparse" (one selector
+    # over the whole flattened gradient: ExDyna and its baselines; common.strategies.SPARSE_OPTIONS).
     strategy: str = "data_parallel"
     strategy_options: dict[str, Any] = field(default_factory=dict)
     transport: str = "auto"
@@ -154,6 +155,16 @@ class RunConfig:
                 raise ValueError(
                     f"strategy {self.strategy} keeps its own memory (momentum correction / error "
                     "feedback on the update): set error_feedback: false"
+                )
+        elif self.strategy == "sparse":
+            from .strategies import check_sparse_options
+
+            check_sparse_options(self.strategy_options)
+            if self.compressor != "identity" or self.error_feedback:
+                raise ValueError(
+                    "strategy sparse selects from the whole gradient and keeps its own residual: set "
+                    f"compressor: identity and error_feedback: false (got {self.compressor!r}, "
+                    f"error_feedback {self.error_feedback})"
                 )
         elif self.strategy_options:
             raise ValueError(

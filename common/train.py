@@ -44,7 +44,13 @@ from .distributed import DistContext, barrier, init_from_env, seed_everything
 from .fileio import atomic_write_json, atomic_write_text
 from .models import build_model
 from .plots import plot_curves
-from .strategies import DataParallel, DetachedEFDataParallel, DGCDataParallel, SyncStrategy
+from .strategies import (
+    DataParallel,
+    DetachedEFDataParallel,
+    DGCDataParallel,
+    SparseDataParallel,
+    SyncStrategy,
+)
 from .tracking import Tracker, git_sha
 
 log = logging.getLogger(__name__)
@@ -70,8 +76,10 @@ Callback = Callable[[StepInfo], None]
 
 def default_strategy(config: RunConfig) -> SyncStrategy:
     """``config.strategy``: data parallelism through ``config``'s compressor (with error feedback
-    if asked), DGC's step, or detached error feedback (DEF)."""
+    if asked), DGC's step, detached error feedback (DEF) or a whole-gradient selector (ExDyna)."""
     compressor = build_compressor(config.compressor, **config.compressor_options)
+    if config.strategy == "sparse":
+        return SparseDataParallel(options=config.strategy_options, seed=config.seed)
     if config.strategy == "def":
         return DetachedEFDataParallel(
             compressor,
@@ -358,6 +366,7 @@ def train(
                     "bits_per_step": stats["bits_per_step"],
                     "wall_seconds": elapsed,
                     "communicate_seconds": stats["communicate_seconds"],
+                    **strategy.log_values(),
                 }
                 train_rows.append({"step": step, "epoch": epoch, **logged})
                 tracker.log_metrics(logged, step)

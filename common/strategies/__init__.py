@@ -4,6 +4,8 @@
   error feedback);
 - :class:`DGCDataParallel`: Deep Gradient Compression's step (momentum correction, masking,
   warm-up, local weight decay);
+- :class:`SparseDataParallel`: one selector over the whole flattened gradient with error feedback
+  (ExDyna's exclusive dynamic partitions, top-k, DGC's threshold, a hard threshold, CLT-k);
 - :class:`DetachedEFDataParallel`: error feedback on the momentum update with a detached gradient
   point (DEF, DEF-A; Xu & Huang 2022), classic EF at mu = 0.
 """
@@ -11,15 +13,21 @@
 from .base import DataParallel, LossFn, SyncStrategy
 from .detached import DEF_OPTIONS, DetachedEFDataParallel, check_def_options
 from .dgc import DGC_OPTIONS, DGCDataParallel, check_dgc_options
+from .sparse import SELECTORS, SPARSE_OPTIONS, Partitions, SparseDataParallel, check_sparse_options
 
 __all__ = [
     "DEF_OPTIONS",
     "DGC_OPTIONS",
+    "SELECTORS",
+    "SPARSE_OPTIONS",
     "DGCDataParallel",
     "DataParallel",
     "DetachedEFDataParallel",
     "LossFn",
+    "Partitions",
+    "SparseDataParallel",
     "SyncStrategy",
     "check_def_options",
     "check_dgc_options",
+    "check_sparse_options",
 ]

@@ -61,6 +61,11 @@ class SyncStrategy:
         """Strategy-specific final metrics (this rank's), added to ``metrics.json``."""
         return {}
 
+    def log_values(self) -> dict[str, float]:
+        """Strategy-specific columns of the training curve, called at every logged step (e.g. the
+        density actually sent since the last call). The same keys every call."""
+        return {}
+
     def state_dict(self) -> dict[str, Any]:
         return {"stats": self.stats.state_dict()}
 

@@ -1,0 +1,193 @@
+"""ExDyna's partitions, threshold scaling and exclusive selection (common.strategies.sparse)."""
+
+from __future__ import annotations
+
+import io
+import itertools
+import math
+import random
+
+import pytest
+import torch
+from torch import nn
+
+from common.config import RunConfig
+from common.strategies import Partitions, SparseDataParallel, check_sparse_options
+from common.strategies.sparse import BLOCK_MULTIPLE, scale_threshold
+from tests.distributed import run_ranks
+
+
+def _covers_once(parts: Partitions) -> None:
+    spans = [parts.span(p) for p in range(parts.world)]
+    assert spans[0][0] == 0 and spans[-1][1] == parts.numel
+    for (_, end), (start, _) in itertools.pairwise(spans):
+        assert end == start  # contiguous, disjoint: every entry in exactly one partition
+    assert all(parts.blocks_of(p) >= parts.min_blocks for p in range(parts.world))
+    assert parts.bounds[-1] == parts.num_blocks
+    assert parts.block_size % BLOCK_MULTIPLE == 0 and parts.block_size > 0
+
+
+@pytest.mark.parametrize(
+    ("numel", "world"), [(45_562, 4), (1_356_560, 8), (11_173_962, 2), (4_096, 8), (33_000, 3)]
+)
+def test_partitions_cover_the_gradient_exactly_once(numel: int, world: int) -> None:
+    parts = Partitions(numel, world)
+    _covers_once(parts)
+    assert parts.num_blocks == min(1024, numel // 32)
+    sizes = [parts.blocks_of(p) for p in range(world)]
+    assert max(sizes) - min(sizes) <= 1  # the first num_blocks mod W get one extra block
+
+
+def test_rebalancing_moves_blocks_toward_the_underloaded_and_stays_within_bounds() -> None:
+    parts = Partitions(65_536, 4)  # 1,024 blocks of 64
+    before = list(parts.bounds)
+    assert parts.rebalance([200, 50, 100, 100]) == 1  # partition 0 overloaded, 1 underloaded
+    assert parts.bounds[1] == before[1] - 1  # 0 gave its last block to 1
+    assert parts.rebalance([100, 100, 50, 200]) == 1
+    assert parts.bounds[3] == before[3] + 1  # 3 gave its first block to 2
+    assert parts.rebalance([100, 102, 98, 100]) == 0  # within the 5 % tolerance: nothing moves
+    rng = random.Random(0)
+    for _ in range(5_000):  # adversarial counts: sizes never leave [min_blocks, ...], coverage holds
+        parts.rebalance([rng.choice([0, 1, 500]) for _ in range(4)])
+        _covers_once(parts)
+    assert parts.min_blocks == 1024 // 16
+
+
+def test_threshold_scaling_converges_to_the_target_density_on_a_stationary_gradient() -> None:
+    d, density = 100_000, 0.001
+    k = int(density * d)
+    threshold = 1 / (2 * math.sqrt(k))  # the code's lambda_0 = 0.05: 5 sigma of N(0, 0.01^2)
+    g = torch.Generator().manual_seed(0)
+    ratios = []
+    for _ in range(2_000):
+        selected = int((torch.randn(d, generator=g).abs() * 0.01 >= threshold).sum())
+        ratios.append(selected / k)
+        threshold = scale_threshold(threshold, selected, k)
+    tail = ratios[-500:]
+    assert 0.85 <= sum(tail) / len(tail) <= 1.1  # the mean density sits at the target ...
+    assert min(tail) >= 0.6 and max(tail) <= 1.5  # ... and stays near it (the code's band is +-10 %)
+    assert ratios[0] < 0.01  # it started far off: almost nothing passes 5 sigma
+
+
+# -- on real gloo ranks ---------------------------------------------------------------------------
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, 32), nn.Tanh(), nn.Linear(32, 4))
+
+
+def _data(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(100 * rank + step)
+    return torch.randn(16, 64, generator=g), torch.randint(0, 4, (16,), generator=g)
+
+
+def _train(rank: int, world: int, options: dict, steps: int, resume_at: int | None = None) -> dict:
+    model = _model()
+    strategy = SparseDataParallel(options=options, seed=5)
+    strategy.setup(model)
+    optimizer = torch.optim.SGD(strategy.param_groups(model), lr=0.1, momentum=0.9)
+    record = []
+    for step in range(steps):
+        if step == resume_at:
+            buffer = io.BytesIO()
+            torch.save(
+                {"model": model.state_dict(), "opt": optimizer.state_dict(), "s": strategy.state_dict()},
+                buffer,
+            )
+            buffer.seek(0)
+            saved = torch.load(buffer, weights_only=False)
+            model = _model()
+            strategy = SparseDataParallel(options=options, seed=5)
+            strategy.setup(model)
+            optimizer = torch.optim.SGD(strategy.param_groups(model), lr=0.1, momentum=0.9)
+            model.load_state_dict(saved["model"])
+            optimizer.load_state_dict(saved["opt"])
+            strategy.load_state_dict(saved["s"])
+        x, y = _data(rank, step)
+        optimizer.zero_grad()
+        strategy.forward_backward(model, x, y, nn.functional.cross_entropy)
+        residual_before = None if strategy.residual is None else strategy.residual.clone()
+        grads = torch.cat([p.grad.reshape(-1).clone() for p in model.parameters()])
+        accumulated = grads + (residual_before if residual_before is not None else 0)
+        strategy.after_backward(model)
+        record.append(
+            {
+                "selected": strategy.last_selected.clone(),
+                "accumulated": accumulated,
+                "out": torch.cat([p.grad.reshape(-1).clone() for p in model.parameters()]),
+            }
+        )
+        optimizer.step()
+    return {
+        "record": record,
+        "params": torch.cat([p.detach().reshape(-1) for p in model.parameters()]),
+        "metrics": strategy.metrics(),
+        "bits": strategy.stats.bits_sent,
+    }
+
+
+def test_exdyna_selections_are_exclusive_and_the_mean_is_exact_on_four_ranks(tmp_path) -> None:
+    results = run_ranks(_train, 4, {"selector": "exdyna", "density": 0.01}, 6, tmp_path=tmp_path)
+    for step in range(6):
+        chosen = [r["record"][step]["selected"] for r in results]
+        union = torch.cat(chosen)
+        assert union.numel() == torch.unique(union).numel()  # no index chosen by two ranks
+        mean_a = sum(r["record"][step]["accumulated"] for r in results) / 4
+        expected = torch.zeros_like(mean_a)
+        expected[union] = mean_a[union]
+        for r in results:
+            torch.testing.assert_close(r["record"][step]["out"], expected)
+    # a worker's partition moves with the step: over 4 steps each rank scanned every partition
+    assert results[0]["metrics"]["buildup_mean"] < 10
+
+
+def test_topk_builds_up_and_cltk_does_not(tmp_path) -> None:
+    topk = run_ranks(_train, 4, {"selector": "topk", "density": 0.01}, 4, tmp_path=tmp_path / "t")[0]
+    cltk = run_ranks(_train, 4, {"selector": "cltk", "density": 0.01}, 4, tmp_path=tmp_path / "c")[0]
+    k = math.floor(0.01 * (64 * 32 + 32 + 32 * 4 + 4))
+    assert k < topk["metrics"]["union_mean"] <= 4 * k  # the workers disagree: the union grows
+    assert cltk["metrics"]["union_mean"] == k and cltk["metrics"]["buildup_mean"] == 1.0
+
+
+def test_checkpoint_resume_continues_exactly(tmp_path) -> None:
+    options = {"selector": "exdyna", "density": 0.01}
+    straight = run_ranks(_train, 2, options, 6, tmp_path=tmp_path / "a")
+    resumed = run_ranks(_train, 2, options, 6, 3, tmp_path=tmp_path / "b")
+    for a, b in zip(straight, resumed, strict=True):
+        assert torch.equal(a["params"], b["params"])
+        timing = "select_seconds_mean"  # wall time: the only thing that may differ
+        assert {k: v for k, v in a["metrics"].items() if k != timing} == {
+            k: v for k, v in b["metrics"].items() if k != timing
+        }
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"density": 0}, r"density must be a number in \(0, 1\]"),
+        ({"density": 1.5}, r"density must be a number in \(0, 1\]"),
+        ({"selector": "gtopk"}, "sparse selector must be one of exdyna, topk, dgc, threshold, cltk"),
+        ({"tolerance": 0.9}, "sparse tolerance must be a number >= 1"),
+        ({"blocks": 0}, "sparse blocks must be an int >= 1"),
+        ({"ratio": 0.1}, "unknown sparse option.*ratio"),
+        ({"threshold_init": "auto"}, 'sparse threshold_init must be a number > 0, "estimate" or null'),
+    ],
+)
+def test_bad_options_rejected(options: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        check_sparse_options(options)
+
+
+def test_more_workers_than_blocks_rejected() -> None:
+    with pytest.raises(ValueError, match="8 workers but the 200-entry gradient has only 6 blocks"):
+        Partitions(200, 8)
+
+
+def test_config_wants_identity_and_no_outer_error_feedback() -> None:
+    base = dict(dataset="cifar10", model="vgg_small", strategy="sparse", strategy_options={"density": 0.001})
+    RunConfig(**base).validate()
+    with pytest.raises(ValueError, match="set compressor: identity and error_feedback: false"):
+        RunConfig(**base, compressor="topk", compressor_options={"density": 0.001}).validate()
+    with pytest.raises(ValueError, match="set compressor: identity and error_feedback: false"):
+        RunConfig(**base, error_feedback=True).validate()
