@@ -1,0 +1,80 @@
+"""Gossip over activated matchings (common.gossip) on real gloo ranks against numpy's W @ X."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from common.gossip import GossipStrategy, step_flags
+from common.topology import paper_graph, paper_matchings, plan, ring
+from tests.distributed import run_ranks
+
+STEPS = 4
+
+
+def _plan(world: int, budget: float):
+    if world == 8:
+        return plan(paper_graph(0), budget, paper_matchings(0))
+    return plan(ring(world), budget)
+
+
+def _model(rank: int) -> nn.Module:
+    torch.manual_seed(100 + rank)  # different parameters on every rank (no set-up broadcast here)
+    return nn.Sequential(nn.Linear(5, 3), nn.Tanh(), nn.Linear(3, 2))
+
+
+def _gossip(rank: int, world: int, mode: str, budget: float, same: bool) -> dict[str, object]:
+    strategy = GossipStrategy(_plan(world, budget), mode=mode, seed=7)
+    model = _model(0 if same else rank)
+    history = []
+    for _ in range(STEPS):
+        history.append(torch.cat([p.detach().reshape(-1).clone() for p in model.parameters()]))
+        strategy.after_step(model)
+    history.append(torch.cat([p.detach().reshape(-1).clone() for p in model.parameters()]))
+    return {"history": history, "alpha": strategy.alpha, "bits": strategy.stats.bits_sent}
+
+
+@pytest.mark.parametrize(
+    ("world", "mode", "budget"), [(8, "matcha", 0.5), (8, "vanilla", 1.0), (4, "periodic", 0.5)]
+)
+def test_gossip_equals_the_numpy_mixing_matrix_and_keeps_the_average(tmp_path, world, mode, budget) -> None:
+    results = run_ranks(_gossip, world, mode, budget, False, tmp_path=tmp_path, timeout=240)
+    p = _plan(world, budget)
+    alpha = results[0]["alpha"]
+    for step in range(STEPS):
+        x = torch.stack([r["history"][step] for r in results]).double().numpy()
+        flags = step_flags(p, mode, step, 7)
+        laplacian = sum(
+            (lap for lap, on in zip(p.laplacians, flags, strict=True) if on), np.zeros((world, world))
+        )
+        expected = (np.eye(world) - alpha * laplacian) @ x
+        after = torch.stack([r["history"][step + 1] for r in results]).double().numpy()
+        np.testing.assert_allclose(after, expected, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(after.mean(0), x.mean(0), rtol=1e-5, atol=1e-6)  # average kept
+
+
+def test_equal_parameters_are_a_fixed_point(tmp_path) -> None:
+    results = run_ranks(_gossip, 4, "vanilla", 1.0, True, tmp_path=tmp_path)
+    for r in results:
+        for state in r["history"]:
+            assert torch.equal(state, results[0]["history"][0])
+    assert results[0]["bits"] > 0  # the exchanges did happen (and were counted)
+
+
+def test_flags_are_shared_counter_based_and_meet_the_budget() -> None:
+    p = _plan(8, 0.3)
+    flags = np.stack([step_flags(p, "matcha", k, 3) for k in range(4000)])
+    assert np.array_equal(flags[1234], step_flags(p, "matcha", 1234, 3))  # no dependence on the past
+    assert flags.sum(1).mean() <= 0.3 * p.num_matchings + 0.1  # expected rounds within C_b M
+    np.testing.assert_allclose(flags.mean(0), p.p, atol=0.03)
+    periodic = np.stack([step_flags(p, "periodic", k, 3) for k in range(9)])
+    assert periodic.all(1).sum() == 3 and not periodic[0].any()  # every round(1 / 0.3) = 3 steps
+
+
+def test_bad_input_rejected(tmp_path) -> None:
+    with pytest.raises(ValueError, match="gossip mode must be one of matcha, vanilla, periodic"):
+        step_flags(_plan(4, 0.5), "random", 0, 0)
+    with pytest.raises(ValueError, match="the gossip graph has 8 nodes but there are 1 ranks"):
+        GossipStrategy(_plan(8, 0.5))
