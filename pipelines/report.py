@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +58,28 @@ def seed_results(runs: Path, run: str, pipeline: str) -> list[dict[str, Any]]:
         }
         for folder in folders
     ]
+
+
+def finish_report(
+    pipeline: str,
+    rows: list[dict[str, Any]],
+    text: str,
+    plot: Callable[[list[dict[str, Any]], Path], None],
+    value_key: str,
+) -> None:
+    """A paper's report stage, after its own tables: ``report.md`` (``text``), ``report.json`` (the
+    rows without their private ``_`` keys), ``curves.png`` (``plot``); prints the text and fails if
+    a run's headline metric (``row[value_key]``) is not finite."""
+    out = RESULTS_DIR / pipeline
+    atomic_write_text(out / "report.md", text)
+    public = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
+    scale = load_params(pipeline)["scale"]
+    atomic_write_json(out / "report.json", {"pipeline": pipeline, "scale": scale, "rows": public})
+    plot(rows, out / "curves.png")
+    print(text)
+    bad = [r["run"] for r in rows if not math.isfinite(r[value_key])]
+    if bad:
+        raise SystemExit(f"a run ended with a non-finite metric: {', '.join(bad)}")
 
 
 def save_panels(fig: Any, axes: Any, path: Path) -> None:

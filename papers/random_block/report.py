@@ -11,14 +11,12 @@ against steps, mean over seeds, one column per density).
 
 from __future__ import annotations
 
-import math
 import statistics
 from pathlib import Path
 from typing import Any
 
-from common.fileio import atomic_write_json, atomic_write_text
 from pipelines.common import RESULTS_DIR, load_params, quiet_environment
-from pipelines.report import save_panels, seed_results
+from pipelines.report import finish_report, save_panels, seed_results
 
 PIPELINE = "random_block"
 OUT = RESULTS_DIR / PIPELINE
@@ -173,18 +171,7 @@ def plot_curves(rows: list[dict[str, Any]], path: Path) -> None:
 def main() -> None:
     quiet_environment()
     rows = collect()
-    scale = load_params(PIPELINE)["scale"]
-    text = markdown(rows, scale)
-    atomic_write_text(OUT / "report.md", text)
-    public = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
-    atomic_write_json(OUT / "report.json", {"pipeline": PIPELINE, "scale": scale, "rows": public})
-    plot_curves(rows, OUT / "curves.png")
-    print(text)
-    if not all(math.isfinite(r["mean"]) for r in rows):
-        raise SystemExit(
-            "a run ended with a non-finite metric: "
-            + ", ".join(r["run"] for r in rows if not math.isfinite(r["mean"]))
-        )
+    finish_report(PIPELINE, rows, markdown(rows, load_params(PIPELINE)["scale"]), plot_curves, "mean")
 
 
 if __name__ == "__main__":
