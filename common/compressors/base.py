@@ -97,6 +97,21 @@ class Compressor(ABC):
     @abstractmethod
     def decompress(self, payload: Payload) -> Tensor: ...
 
+    def decompress_into(self, payload: Payload, out: Tensor) -> Tensor:
+        """Decompress into ``out`` (``payload.numel`` entries, any shape, may be cast); returns it.
+
+        GradientSync's all-reduce route writes the mean straight into the gradient buffer this
+        way: no fresh dense tensor per call (whose first touch costs more than zeroing a reused
+        one at 10^7 entries). ``out`` may hold the wire tensors' own memory (a block of the
+        gradient all-reduced in place): overrides read the wire before overwriting it. The default
+        decompresses and copies, unless the decompression already is ``out`` (identity's wire).
+        """
+        check_out(payload, out)
+        decoded = self.decompress(payload)
+        if decoded.data_ptr() != out.data_ptr() or decoded.dtype != out.dtype:
+            out.copy_(decoded.reshape(out.shape))
+        return out
+
     def aggregate(self, payloads: Sequence[Payload]) -> Tensor:
         """Sum of the decompressed payloads of several ranks (all-gather transport)."""
         total = self.decompress(payloads[0]).clone()
@@ -108,6 +123,15 @@ class Compressor(ABC):
         params = [p for p in inspect.signature(type(self).__init__).parameters if p != "self"]
         fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in params if hasattr(self, k))
         return f"{type(self).__name__}({fields})"
+
+
+def check_out(payload: Payload, out: Tensor) -> None:
+    """``out`` must have the payload's entry count (decompress_into's contract)."""
+    if out.numel() != payload.numel:
+        raise ValueError(
+            f"decompress_into: out has {out.numel()} entries, the payload's tensor {payload.numel} "
+            f"(shape {tuple(payload.shape)})"
+        )
 
 
 def check_density(density: float) -> float:

@@ -12,7 +12,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from .base import Compressor, CompressorRNG, Payload
+from .base import Compressor, CompressorRNG, Payload, check_out
 
 
 class _Cast(Compressor):
@@ -26,6 +26,12 @@ class _Cast(Compressor):
 
     def decompress(self, payload: Payload) -> Tensor:
         return payload.wire["values"].to(payload.dtype).reshape(payload.shape)
+
+    def decompress_into(self, payload: Payload, out: Tensor) -> Tensor:
+        """Cast the wire values straight into ``out`` (one pass, no fp32 temporary)."""
+        check_out(payload, out)
+        out.view(-1).copy_(payload.wire["values"])
+        return out
 
 
 class FP16(_Cast):

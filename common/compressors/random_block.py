@@ -10,7 +10,8 @@ The offset is drawn from the *shared* generator, so every rank picks the same bl
 tensor at the same step (GradientSync compresses the same tensors in the same order on every rank)
 and no index crosses the wire: the compressor is linear, the blocks of all ranks are summed by a
 dense all-reduce (ring compatible), and the bits on the wire are ``K * 8 * element_size``. Selecting
-costs one random draw and a slice, no pass over the tensor; decompression writes the block into zeros.
+costs one random draw and a slice, no pass over the tensor; decompression writes the block into zeros
+(``decompress_into`` zeroes only the rest of a reused buffer and copies the block).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .base import Compressor, CompressorRNG, Payload, check_density, num_kept
+from .base import Compressor, CompressorRNG, Payload, check_density, check_out, num_kept
 
 
 def block_offset(numel: int, rng: CompressorRNG) -> int:
@@ -70,3 +71,30 @@ class RandomBlock(Compressor):
             out.narrow(0, offset, n - offset).copy_(values[: n - offset])
             out.narrow(0, 0, end - n).copy_(values[n - offset :])
         return out.reshape(payload.shape)
+
+    def decompress_into(self, payload: Payload, out: Tensor) -> Tensor:
+        """Zero ``out`` outside the block, copy the block in: one pass over ``out``, no allocation.
+
+        The wire values may *be* ``out``'s block (GradientSync all-reduces a view of the gradient
+        in place when there is no error feedback); only the complement is zeroed, and the copy of
+        a block onto itself leaves it as it is.
+        """
+        check_out(payload, out)
+        values = payload.wire["values"]
+        flat = out.view(-1)
+        n = flat.numel()
+        k = values.numel()
+        offset = int(payload.local["offset"])
+        end = offset + k
+        if end <= n:
+            flat.narrow(0, 0, offset).zero_()
+            flat.narrow(0, end, n - end).zero_()
+            flat.narrow(0, offset, k).copy_(values)
+        else:
+            # wrapped (the values are a concatenated copy): [0, end - n) and [offset, n) are the
+            # block, the middle is zeroed
+            head = end - n
+            flat.narrow(0, head, offset - head).zero_()
+            flat.narrow(0, offset, n - offset).copy_(values.narrow(0, 0, n - offset))
+            flat.narrow(0, 0, head).copy_(values.narrow(0, n - offset, head))
+        return out

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .base import Compressor, CompressorRNG, Payload, check_density, index_dtype, num_kept
+from .base import Compressor, CompressorRNG, Payload, check_density, check_out, index_dtype, num_kept
 
 
 class RandomK(Compressor):
@@ -57,3 +57,10 @@ class RandomK(Compressor):
         out = torch.zeros(payload.numel, dtype=payload.dtype, device=values.device)
         out.index_add_(0, indices.long(), values.to(payload.dtype))
         return out.reshape(payload.shape)
+
+    def decompress_into(self, payload: Payload, out: Tensor) -> Tensor:
+        """Zero ``out`` and scatter the values in (a reused buffer: no allocation)."""
+        check_out(payload, out)
+        indices = payload.local["indices"] if self.shared_indices else payload.wire["indices"]
+        out.view(-1).zero_().index_copy_(0, indices.long(), payload.wire["values"].to(out.dtype))
+        return out

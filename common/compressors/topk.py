@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from .base import Compressor, CompressorRNG, Payload, check_density, index_dtype, num_kept
+from .base import Compressor, CompressorRNG, Payload, check_density, check_out, index_dtype, num_kept
 
 
 class TopK(Compressor):
@@ -41,6 +41,13 @@ class TopK(Compressor):
 
     def decompress(self, payload: Payload) -> Tensor:
         return self.aggregate([payload])
+
+    def decompress_into(self, payload: Payload, out: Tensor) -> Tensor:
+        """Zero ``out`` and scatter the values in (a reused buffer: no allocation)."""
+        check_out(payload, out)
+        values = payload.wire["values"]
+        out.view(-1).zero_().index_copy_(0, payload.wire["indices"].long(), values.to(out.dtype))
+        return out
 
     def aggregate(self, payloads: Sequence[Payload]) -> Tensor:
         first = payloads[0]

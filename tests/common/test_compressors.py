@@ -67,6 +67,26 @@ def test_round_trip_shape_dtype_and_bits(case, numel, shape_kind):
 
 
 @pytest.mark.parametrize("case", CASES, ids=_ids)
+@pytest.mark.parametrize("numel", [7, 4097])
+def test_decompress_into_a_dirty_buffer_equals_decompress(case, numel):
+    name, opts = case
+    comp = build_compressor(name, **opts)
+    x = torch.randn(numel, generator=torch.Generator().manual_seed(numel))
+    payload = comp.compress(x, CompressorRNG(seed=1, rank=0))
+    expected = comp.decompress(payload).clone()
+    out = torch.full((numel,), float("nan"))  # whatever it held must not leak through
+    assert comp.decompress_into(payload, out) is out
+    assert torch.equal(out, expected.reshape(-1))
+
+
+def test_decompress_into_a_buffer_of_the_wrong_size_is_rejected():
+    comp = build_compressor("random_block", density=0.25)
+    payload = comp.compress(torch.randn(3, 4), CompressorRNG(seed=1, rank=0))
+    with pytest.raises(ValueError, match=r"out has 11 entries, the payload's tensor 12 \(shape \(3, 4\)\)"):
+        comp.decompress_into(payload, torch.empty(11))
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids)
 def test_global_rng_untouched_and_same_seed_same_payload(case):
     name, opts = case
     comp = build_compressor(name, **opts)

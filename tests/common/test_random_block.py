@@ -37,6 +37,28 @@ def test_block_is_contiguous_and_wraps() -> None:
     assert seen_wrap  # 60 draws of 40 offsets: the wrap-around path ran
 
 
+def test_decompress_into_reads_a_block_that_is_the_buffer_itself() -> None:
+    # GradientSync without error feedback all-reduces a view of the gradient in place and then
+    # decompresses into the gradient: the block must survive, everything else become zero.
+    comp = RandomBlock(0.25)
+    rng = CompressorRNG(seed=5, rank=0)
+    seen = {"plain": False, "wrapped": False}
+    for _ in range(60):
+        grad = torch.arange(1.0, 41.0)
+        payload = comp.compress(grad, rng)
+        offset = payload.local["offset"]
+        wrapped = offset + 10 > 40
+        assert wrapped or payload.wire["values"].data_ptr() == grad.data_ptr() + 4 * offset
+        payload.wire["values"].mul_(2)  # the in-place all-reduce (a sum over two equal ranks)
+        expected = torch.zeros(40)
+        positions = (torch.arange(10) + offset) % 40
+        expected[positions] = 2 * torch.arange(1.0, 41.0)[positions]
+        comp.decompress_into(payload, grad)
+        assert torch.equal(grad, expected)
+        seen["wrapped" if wrapped else "plain"] = True
+    assert all(seen.values())
+
+
 def test_wire_holds_only_the_block() -> None:
     comp = build_compressor("random_block", density=1 / 64)
     x = torch.randn(10_000)
