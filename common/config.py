@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 OPTIMIZERS = ("sgd", "adamw")
-STRATEGIES = ("data_parallel", "dgc", "def", "sparse")
+STRATEGIES = ("data_parallel", "dgc", "def", "sparse", "gossip")
 AUGMENTATIONS = ("none", "crop_flip")  # common.data.augment (kept here: validation imports no torch)
 LR_SCHEDULES = ("constant", "cosine", "step")
 
@@ -35,7 +35,9 @@ class RunConfig:
     # through the compressor), "dgc" (Deep Gradient Compression's step; strategy_options are
     # common.strategies.DGC_OPTIONS) or "def" (detached error feedback on the momentum update,
     # DEF/DEF-A, classic EF at mu 0; options common.strategies.DEF_OPTIONS) or "sparse" (one selector
-    # over the whole flattened gradient: ExDyna and its baselines; common.strategies.SPARSE_OPTIONS).
+    # over the whole flattened gradient: ExDyna and its baselines; common.strategies.SPARSE_OPTIONS)
+    # or "gossip" (decentralized SGD over activated matchings, MATCHA and its baselines: parameters,
+    # not gradients, cross the wire; common.gossip.GOSSIP_OPTIONS).
     strategy: str = "data_parallel"
     strategy_options: dict[str, Any] = field(default_factory=dict)
     transport: str = "auto"
@@ -163,6 +165,16 @@ class RunConfig:
             if self.compressor != "identity" or self.error_feedback:
                 raise ValueError(
                     "strategy sparse selects from the whole gradient and keeps its own residual: set "
+                    f"compressor: identity and error_feedback: false (got {self.compressor!r}, "
+                    f"error_feedback {self.error_feedback})"
+                )
+        elif self.strategy == "gossip":
+            from .gossip import check_gossip_options
+
+            check_gossip_options(self.strategy_options, self.world_size)
+            if self.compressor != "identity" or self.error_feedback:
+                raise ValueError(
+                    "strategy gossip exchanges whole models between neighbours, uncompressed: set "
                     f"compressor: identity and error_feedback: false (got {self.compressor!r}, "
                     f"error_feedback {self.error_feedback})"
                 )

@@ -11,15 +11,23 @@ taken before any mixing::
 
 Modes (``mode``): ``matcha`` (B_j ~ Bern(p_j), p and alpha from the plan's programs), ``vanilla``
 (every matching every step, alpha = 2 / (lambda_2 + lambda_max) of the base Laplacian) and
-``periodic`` (every matching every round(1 / C_b) steps, none in between, vanilla's alpha).
-Momentum buffers stay local, as in the authors' code. Evaluation uses the average of the workers'
-models (and BatchNorm statistics), an all-reduce that is instrumentation, not counted.
+``periodic`` (every matching every round(1 / C_b) steps, none in between, vanilla's alpha: the
+nearest whole period, so C_b = 0.3 communicates every 3 steps, a realised budget of 0.333, which
+favours the baseline; the realised rounds per step are logged). Momentum buffers stay local, as in
+the authors' code. Evaluation uses the average of the workers' models (and BatchNorm statistics),
+an all-reduce that is instrumentation, not counted.
+
+As a run's strategy (``strategy: gossip``), the options :data:`GOSSIP_OPTIONS` name the base graph
+on ``world_size`` nodes, the budget and the mode; rank 0 solves the plan (:func:`build_plan`) and
+broadcasts it, so every rank draws its flags from the very same probabilities.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
+import networkx as nx
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -28,9 +36,99 @@ from torch import Tensor, nn
 from .comm.collectives import exchange, get_rank, get_world_size
 from .comm.stats import CommStats
 from .strategies.base import SyncStrategy, _broadcast_module_state
-from .topology import MatchaPlan, base_laplacian, periodic_period, vanilla_weight
+from .topology import (
+    PAPER_GRAPHS,
+    MatchaPlan,
+    check_budget,
+    erdos_renyi,
+    paper_graph,
+    paper_matchings,
+    periodic_period,
+    plan,
+    random_geometric,
+    ring,
+    vanilla_weight,
+)
 
 GOSSIP_MODES = ("matcha", "vanilla", "periodic")
+GRAPHS = ("paper", "ring", "erdos_renyi", "geometric")
+
+#: ``strategy_options`` of ``strategy: gossip`` and their defaults.
+GOSSIP_OPTIONS: dict[str, Any] = {
+    "mode": "matcha",  # matcha | vanilla | periodic
+    "budget": 0.5,  # C_b in (0, 1]: expected active matchings per step / all matchings
+    "graph": "paper",  # paper (the official code's predefined graphs) | ring | erdos_renyi | geometric
+    "index": 0,  # graph: paper: which one (0: the 8-node Erdos-Renyi graph of Fig. 1(a))
+    "edge_prob": 0.4,  # graph: erdos_renyi
+    "radius": 0.5,  # graph: geometric (nodes uniform in the unit square)
+    "graph_seed": 0,  # erdos_renyi, geometric: the graph's own seed (not the run's)
+}
+
+
+def _check_number(name: str, value: object, low: float, high: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low < value <= high:
+        raise ValueError(f"gossip {name} must be a number in ({low:g}, {high:g}], got {value!r}")
+    return float(value)
+
+
+def check_gossip_options(options: dict[str, Any], world_size: int) -> dict[str, Any]:
+    """``options`` over the defaults, validated against ``world_size`` (the graph's node count)."""
+    unknown = sorted(set(options) - set(GOSSIP_OPTIONS))
+    if unknown:
+        raise ValueError(
+            f"unknown gossip option(s) {', '.join(unknown)}; allowed: {', '.join(GOSSIP_OPTIONS)}"
+        )
+    merged = {**GOSSIP_OPTIONS, **options}
+    if merged["mode"] not in GOSSIP_MODES:
+        raise ValueError(f"gossip mode must be one of {', '.join(GOSSIP_MODES)}, got {merged['mode']!r}")
+    try:
+        check_budget(merged["budget"])
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"gossip budget: {error}") from None
+    graph = merged["graph"]
+    if graph not in GRAPHS:
+        raise ValueError(f"gossip graph must be one of {', '.join(GRAPHS)}, got {graph!r}")
+    if graph == "paper":
+        index = merged["index"]
+        if isinstance(index, bool) or index not in PAPER_GRAPHS:
+            raise ValueError(
+                f"gossip index must be one of the paper's graphs {list(PAPER_GRAPHS)}, got {index!r}"
+            )
+        nodes = paper_graph(index).number_of_nodes()
+        if nodes != world_size:
+            raise ValueError(
+                f"the paper's graph {index} has {nodes} nodes but world_size is {world_size}: "
+                f"set world_size: {nodes} or pick another graph"
+            )
+    if world_size < 2:
+        raise ValueError(f"gossip needs at least 2 workers, got world_size {world_size}")
+    _check_number("edge_prob", merged["edge_prob"], 0.0, 1.0)
+    _check_number("radius", merged["radius"], 0.0, math.sqrt(2))
+    seed = merged["graph_seed"]
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"gossip graph_seed must be an int >= 0, got {seed!r}")
+    return merged
+
+
+def base_graph(
+    options: dict[str, Any], world_size: int
+) -> tuple[nx.Graph, list[list[tuple[int, int]]] | None]:
+    """The base graph the options name, and the official matchings for a paper graph (else None)."""
+    merged = check_gossip_options(options, world_size)
+    graph = merged["graph"]
+    if graph == "paper":
+        return paper_graph(merged["index"]), paper_matchings(merged["index"])
+    if graph == "ring":
+        return ring(world_size), None
+    if graph == "erdos_renyi":
+        return erdos_renyi(world_size, merged["edge_prob"], merged["graph_seed"]), None
+    return random_geometric(world_size, merged["radius"], merged["graph_seed"]), None
+
+
+def build_plan(options: dict[str, Any], world_size: int) -> MatchaPlan:
+    """The MATCHA plan (matchings, p, alpha, rho) of the options' graph at their budget."""
+    graph, matchings = base_graph(options, world_size)
+    return plan(graph, check_gossip_options(options, world_size)["budget"], matchings)
 
 
 def step_flags(plan: MatchaPlan, mode: str, step: int, seed: int) -> np.ndarray:
@@ -69,6 +167,9 @@ class GossipStrategy(SyncStrategy):
         self.rank = rank
         laplacian = sum(plan.laplacians, np.zeros((plan.num_nodes, plan.num_nodes)))
         self.alpha = float(mixing_alpha(plan, mode, laplacian))
+        # rho = ||E[W^T W] - J||: the plan's for MATCHA, the base graph's W for vanilla (periodic
+        # alternates W and I, no single rho)
+        self.rho = {"matcha": plan.rho, "vanilla": vanilla_weight(laplacian)[1]}.get(mode, float("nan"))
         self.stats = CommStats()
         self.steps = 0
         self.rounds = 0  # active matchings summed over steps: one parallel exchange round each
@@ -79,10 +180,16 @@ class GossipStrategy(SyncStrategy):
         _broadcast_module_state(model, "parameters")
         _broadcast_module_state(model, "buffers")
 
-    def partners(self, step: int) -> list[int]:
-        """This rank's partner in each active matching at ``step``, in matching order."""
-        flags = step_flags(self.plan, self.mode, step, self.seed)
-        return self.plan.neighbours(self.rank, flags)
+    @classmethod
+    def from_options(cls, options: dict[str, Any], *, seed: int = 0) -> GossipStrategy:
+        """``strategy: gossip``: rank 0 solves the plan and broadcasts it to every rank."""
+        world = get_world_size()
+        merged = check_gossip_options(options, world)
+        holder: list[MatchaPlan | None] = [build_plan(merged, world) if get_rank() == 0 else None]
+        if world > 1:
+            dist.broadcast_object_list(holder, src=0)  # set-up, not training traffic: not counted
+        assert holder[0] is not None
+        return cls(holder[0], mode=merged["mode"], seed=seed)
 
     def after_step(self, model: nn.Module) -> None:
         flags = step_flags(self.plan, self.mode, self.steps, self.seed)
@@ -125,9 +232,15 @@ class GossipStrategy(SyncStrategy):
                 if name in self._stash:
                     t.copy_(self._stash.pop(name))
 
+    def log_values(self) -> dict[str, float]:
+        """Parallel exchange rounds so far (the cost model's time units), with every logged step."""
+        return {"gossip_rounds": float(self.rounds)}
+
     def metrics(self) -> dict[str, float]:
         return {
             "gossip_alpha": self.alpha,
+            "gossip_rho": float(self.rho),
+            "gossip_matchings": float(self.plan.num_matchings),
             "gossip_rounds_per_step": self.rounds / self.steps if self.steps else 0.0,
             "gossip_expected_rounds": float(self.plan.p.sum()) if self.mode == "matcha" else float("nan"),
         }
@@ -141,4 +254,14 @@ class GossipStrategy(SyncStrategy):
         self.rounds = int(state["rounds"])
 
 
-__all__ = ["GOSSIP_MODES", "GossipStrategy", "base_laplacian", "mixing_alpha", "step_flags"]
+__all__ = [
+    "GOSSIP_MODES",
+    "GOSSIP_OPTIONS",
+    "GRAPHS",
+    "GossipStrategy",
+    "base_graph",
+    "build_plan",
+    "check_gossip_options",
+    "mixing_alpha",
+    "step_flags",
+]

@@ -42,6 +42,7 @@ from .data import Dataset, epoch_batches, load_dataset
 from .data.augment import augment_batch, augment_generator
 from .distributed import DistContext, barrier, init_from_env, seed_everything
 from .fileio import atomic_write_json, atomic_write_text
+from .gossip import GossipStrategy
 from .models import build_model
 from .plots import plot_curves
 from .strategies import (
@@ -76,21 +77,18 @@ Callback = Callable[[StepInfo], None]
 
 def default_strategy(config: RunConfig) -> SyncStrategy:
     """``config.strategy``: data parallelism through ``config``'s compressor (with error feedback
-    if asked), DGC's step, detached error feedback (DEF) or a whole-gradient selector (ExDyna)."""
-    compressor = build_compressor(config.compressor, **config.compressor_options)
+    if asked), DGC's step, detached error feedback (DEF), a whole-gradient selector (ExDyna) or
+    decentralized gossip (MATCHA)."""
     if config.strategy == "sparse":
         return SparseDataParallel(options=config.strategy_options, seed=config.seed)
-    if config.strategy == "def":
-        return DetachedEFDataParallel(
-            compressor,
-            momentum=config.momentum,
-            weight_decay=config.weight_decay,
-            options=config.strategy_options,
-            bucket_numel=config.bucket_numel,
-            seed=config.seed,
+    if config.strategy == "gossip":
+        return GossipStrategy.from_options(config.strategy_options, seed=config.seed)
+    compressor = build_compressor(config.compressor, **config.compressor_options)
+    if config.strategy in ("def", "dgc"):
+        cls: type[DetachedEFDataParallel] | type[DGCDataParallel] = (
+            DetachedEFDataParallel if config.strategy == "def" else DGCDataParallel
         )
-    if config.strategy == "dgc":
-        return DGCDataParallel(
+        return cls(
             compressor,
             momentum=config.momentum,
             weight_decay=config.weight_decay,

@@ -325,7 +325,7 @@ class SparseDataParallel(SyncStrategy):
             for r, count in enumerate(counts):
                 by_partition[(self.steps + r) % self.world] = count
             self.partitions.rebalance(by_partition)
-        if self.selector in ("exdyna",):
+        if self.selector == "exdyna":
             self.threshold = scale_threshold(self.threshold, selected, self.k)
         imbalance = self.world * max(counts) / selected - 1 if selected and len(counts) > 1 else 0.0
         for key, value in (

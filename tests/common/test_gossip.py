@@ -7,7 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from common.gossip import GossipStrategy, step_flags
+from common.config import RunConfig
+from common.gossip import GossipStrategy, base_graph, build_plan, check_gossip_options, step_flags
 from common.topology import paper_graph, paper_matchings, plan, ring
 from tests.distributed import run_ranks
 
@@ -78,3 +79,45 @@ def test_bad_input_rejected(tmp_path) -> None:
         step_flags(_plan(4, 0.5), "random", 0, 0)
     with pytest.raises(ValueError, match="the gossip graph has 8 nodes but there are 1 ranks"):
         GossipStrategy(_plan(8, 0.5))
+
+
+def test_options_name_the_paper_plan_and_seeded_graphs() -> None:
+    er = build_plan({"graph": "paper", "index": 0, "budget": 0.5}, 8)
+    assert er.num_matchings == 5
+    np.testing.assert_allclose([er.alpha, er.rho], [0.3964, 0.6440], atol=2e-4)  # papers.md 2.3
+    geo, matchings = base_graph({"graph": "geometric", "radius": 0.5, "graph_seed": 0}, 8)
+    again, _ = base_graph({"graph": "geometric", "radius": 0.5, "graph_seed": 0}, 8)
+    assert matchings is None and sorted(geo.edges) == sorted(again.edges)  # seeded: the same graph
+    other, _ = base_graph({"graph": "geometric", "radius": 0.5, "graph_seed": 1}, 8)
+    assert sorted(other.edges) != sorted(geo.edges)
+    assert base_graph({"graph": "ring"}, 6)[0].number_of_edges() == 6
+    assert check_gossip_options({}, 8)["mode"] == "matcha"  # defaults filled in
+
+
+@pytest.mark.parametrize(
+    "options,world,message",
+    [
+        ({"mode": "random"}, 8, "gossip mode must be one of matcha, vanilla, periodic, got 'random'"),
+        ({"budget": 0}, 8, r"gossip budget: .*\(0, 1\]"),
+        ({"budget": 1.5}, 8, r"gossip budget: .*1.5"),
+        ({"graph": "star"}, 8, "gossip graph must be one of paper, ring, erdos_renyi, geometric, got 'star'"),
+        ({"index": 9}, 8, r"gossip index must be one of the paper's graphs \[0, 1, 2, 3, 4, 5\], got 9"),
+        ({"index": 0}, 4, "the paper's graph 0 has 8 nodes but world_size is 4: set world_size: 8"),
+        ({"graph": "ring"}, 1, "gossip needs at least 2 workers, got world_size 1"),
+        ({"graph": "ring", "radius": 0}, 4, r"gossip radius must be a number in \(0, 1.41421\], got 0"),
+        ({"graph": "ring", "graph_seed": -1}, 4, "gossip graph_seed must be an int >= 0, got -1"),
+        ({"budjet": 0.5}, 8, "unknown gossip option\\(s\\) budjet; allowed: mode, budget, graph"),
+    ],
+)
+def test_bad_options_rejected(options, world, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        check_gossip_options(options, world)
+
+
+def test_run_config_checks_gossip_options_and_refuses_a_compressor() -> None:
+    base = {"strategy": "gossip", "world_size": 8, "strategy_options": {"graph": "paper", "budget": 0.3}}
+    assert RunConfig.from_dict(base).strategy_options["budget"] == 0.3
+    with pytest.raises(ValueError, match="the paper's graph 0 has 8 nodes but world_size is 4"):
+        RunConfig.from_dict({**base, "world_size": 4})
+    with pytest.raises(ValueError, match=r"strategy gossip exchanges whole models .*\(got 'topk'"):
+        RunConfig.from_dict({**base, "compressor": "topk", "compressor_options": {"density": 0.1}})
