@@ -17,7 +17,8 @@ Time, per task, is one of two things, and every table and panel says which:
   to step k, one per active matching, counted by the run), with ``t_round`` the calibrated cost
   model's time for one point-to-point message of the model (``results/costmodel/fit.json``) at the
   same rate and ``t_comp`` the median compute time per step of the task's runs (wall minus
-  communication). Centralized SGD: ``k (t_comp + t_allreduce)``. Shaped runs get both, which
+  communication). Centralized SGD: ``k (t_comp + t_allreduce)``, the model's time for the step's
+  all-reduces (one per parameter tensor, as the run made them). Shaped runs get both, which
   checks the model against the measurement.
 
 Training loss: the mean over ranks of each rank's loss on its own batches (each rank its own model),
@@ -54,6 +55,11 @@ METHODS = ("vanilla", "matcha05", "matcha03", "matcha01", "periodic05", "periodi
 SPECTRUM_BUDGETS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
 
+def number(value: float | None) -> float:
+    """A metric, NaN where the run has none (JSON writes NaN as null)."""
+    return float("nan") if value is None else float(value)
+
+
 def smooth(values: list[float], width: int = SMOOTH) -> list[float]:
     """Trailing mean over ``width`` points (fewer at the start)."""
     return [statistics.fmean(values[max(0, i + 1 - width) : i + 1]) for i in range(len(values))]
@@ -85,6 +91,8 @@ def load_run(run: str) -> dict[str, Any]:
         "comm": [r["communicate_seconds"] for r in train],
         "rounds": [r.get("gossip_rounds", 0.0) for r in train],
         "op": op,
+        "calls": calls,  # per step (rank 0): gossip one message of the whole model per exchange,
+        "bytes": nbytes,  # centralized one all-reduce per parameter tensor
         "message_bytes": nbytes / calls if calls else 0.0,
         "metrics": metrics,
         "mlflow_run_id": info["mlflow_run_id"],
@@ -99,7 +107,7 @@ def compute_per_step(run: dict[str, Any]) -> float:
 
 def modelled_times(run: dict[str, Any], t_comp: float, params: LinkParams, rate: float) -> list[float]:
     if run["mode"] == "centralized":
-        t_reduce = collective_time("all_reduce", 8, run["message_bytes"], rate, params)
+        t_reduce = collective_time("all_reduce", 8, run["bytes"], rate, params, calls=run["calls"])
         return [k * (t_comp + t_reduce) for k in run["steps"]]
     t_round = collective_time("send", 8, run["message_bytes"], rate, params)
     return [k * t_comp + r * t_round for k, r in zip(run["steps"], run["rounds"], strict=True)]
@@ -136,9 +144,9 @@ def task_rows(task: str, params: LinkParams, rate: float) -> tuple[list[dict[str
                 "run": r["run"],
                 "mode": r["mode"],
                 "budget": r["budget"],
-                "rounds_per_step": m.get("gossip_rounds_per_step", float("nan")),
-                "alpha": m.get("gossip_alpha", float("nan")),
-                "rho": m.get("gossip_rho", float("nan")),
+                "rounds_per_step": number(m.get("gossip_rounds_per_step")),
+                "alpha": number(m.get("gossip_alpha")),
+                "rho": number(m.get("gossip_rho")),
                 "steps": r["steps"][-1],
                 "final_loss": r["loss"][-1],
                 "test_accuracy": 100 * m["test_accuracy"],
@@ -191,11 +199,18 @@ def markdown(
     for rows, info in tasks:
         clock = "measured on tc-shaped links" if info["measured"] else "modelled"
         kind = "measured" if info["measured"] else "modelled"
+        check = ""
+        if info["measured"]:
+            errors = [100 * (r["modelled_seconds"] / r["wall_seconds"] - 1) for r in rows]
+            check = (
+                f" The cost model against these measured runs (end of training): "
+                f"{min(errors):+.0f} % to {max(errors):+.0f} %."
+            )
         lines += [
             f"## {info['title']}\n",
             f"Target loss {info['target']:.4f}. Time: **{clock}** ({RATE} per rank link). "
             f"t_comp {1e3 * info['t_comp']:.0f} ms/step (median of the task's runs), "
-            f"t_round {1e3 * info['t_round']:.0f} ms ({info['message_bytes'] / 1e3:.0f} kB per message).\n",
+            f"t_round {1e3 * info['t_round']:.0f} ms ({info['message_bytes'] / 1e3:.0f} kB per message).{check}\n",
             "| run | C_b | rounds / step | alpha | rho | steps | final loss | test acc (%) "
             f"| steps to target | time to target (s, {kind}) "
             "| speed-up vs vanilla | measured wall (s) | modelled (s) | network | MLflow run id |",

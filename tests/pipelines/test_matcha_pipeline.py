@@ -69,8 +69,9 @@ def test_report_smooths_models_time_and_finds_the_first_step_at_the_target():
     assert report.modelled_times(gossip, 0.2, params, 1e7) == pytest.approx(
         [1.0 + 3 * t_round, 2.0 + 4 * t_round]
     )
-    central = {"mode": "centralized", "steps": [5], "message_bytes": 125_000.0}
-    t_reduce = collective_time("all_reduce", 8, 125_000.0, 1e7, params)
+    central = {"mode": "centralized", "steps": [5], "calls": 4.0, "bytes": 125_000.0}
+    t_reduce = collective_time("all_reduce", 8, 125_000.0, 1e7, params, calls=4)
+    assert t_reduce > 8 * 1e-3 * 7  # four all-reduces: 4 x 2 (p - 1) message latencies
     assert report.modelled_times(central, 0.2, params, 1e7) == pytest.approx([5 * (0.2 + t_reduce)])
     assert report.first_reach([3.0, 2.0, 1.5, 1.0], [1.0, 2.0, 3.0, 4.0], [5, 10, 15, 20], 1.6) == (15, 3.0)
     assert report.first_reach([3.0, 2.0], [1.0, 2.0], [5, 10], 1.0) is None
