@@ -13,10 +13,10 @@ indices: a permutation per call), two ways:
 - **fresh** (``decompress``): a new dense tensor per call, whose first touch (page faults on
   buffers the allocator maps anew) dominates random block's time at 10^7 entries and 10^5.
 
-The median of ``--repeats`` calls after two warm-up calls, on one thread (CPU) or with a device
-synchronize around each call (CUDA); the methods alternate call by call so that machine noise
-hits all of them alike. The issue's bar: random block at most 5 % of top-k's time at every size.
-Writes benchmarks/results/random_block_cost.md (random_block_cost_<device>.md off the CPU).
+The median of at least ``--repeats`` calls (10x more at 10^5 entries), in 3 rounds in which each
+method runs a batch of calls in turn (two warm-up calls per batch dropped), on one thread (CPU) or
+with a device synchronize around each call (CUDA). The issue's bar: random block at most 5 % of
+top-k's time at every size. Writes benchmarks/results/random_block_cost.md (random_block_cost_<device>.md off the CPU).
 """
 
 from __future__ import annotations
@@ -41,27 +41,37 @@ SIZES = (10**5, 10**6, 10**7)
 DENSITIES = (1 / 16, 1 / 64)
 METHODS = ("random_block", "topk", "randomk")
 BAR = 0.05  # random block's time / top-k's, at most
+ROUNDS = 3
 
 
 def time_roundtrips(density: float, x: torch.Tensor, repeats: int, *, into: bool) -> dict[str, float]:
-    """Median seconds of compress + decompress per method, the methods interleaved call by call."""
+    """Median seconds of compress + decompress per method: ``ROUNDS`` rounds in which each method in
+    turn runs a batch of calls (warm caches within a batch, as a training loop's next tensor; the
+    rounds spread machine noise over all methods alike); two warm-up calls per batch are dropped."""
     compressors = {m: build_compressor(m, density=density) for m in METHODS}
     rngs = {m: CompressorRNG(seed=0, rank=0, device=x.device) for m in METHODS}
     out = torch.empty_like(x)
     times: dict[str, list[float]] = {m: [] for m in METHODS}
-    for i in range(repeats + 2):
+    per_round = max(1, -(-repeats // ROUNDS))
+    for _ in range(ROUNDS):
         for m, compressor in compressors.items():
-            if x.is_cuda:
-                torch.cuda.synchronize()
-            start = time.perf_counter()
-            payload = compressor.compress(x, rngs[m])
-            result = compressor.decompress_into(payload, out) if into else compressor.decompress(payload)
-            if x.is_cuda:
-                torch.cuda.synchronize()
-            if i >= 2:
-                times[m].append(time.perf_counter() - start)
-            del result, payload
+            for i in range(per_round + 2):
+                if x.is_cuda:
+                    torch.cuda.synchronize()
+                start = time.perf_counter()
+                payload = compressor.compress(x, rngs[m])
+                result = compressor.decompress_into(payload, out) if into else compressor.decompress(payload)
+                if x.is_cuda:
+                    torch.cuda.synchronize()
+                if i >= 2:
+                    times[m].append(time.perf_counter() - start)
+                del result, payload
     return {m: statistics.median(t) for m, t in times.items()}
+
+
+def repeats_for(numel: int, repeats: int) -> int:
+    """More calls on small tensors, whose calls are short and whose medians noise moves most."""
+    return max(repeats, repeats * 10**6 // numel)
 
 
 def main() -> None:
@@ -78,8 +88,9 @@ def main() -> None:
     for numel in SIZES:
         x = torch.randn(numel, generator=torch.Generator().manual_seed(numel)).to(device)
         for density in DENSITIES:
-            into = time_roundtrips(density, x, args.repeats, into=True)
-            fresh = time_roundtrips(density, x, args.repeats, into=False)
+            repeats = repeats_for(numel, args.repeats)
+            into = time_roundtrips(density, x, repeats, into=True)
+            fresh = time_roundtrips(density, x, repeats, into=False)
             rows.append((numel, density, into, fresh))
             print(
                 f"n={numel:>10,} density=1/{round(1 / density)}: "
@@ -93,8 +104,8 @@ def main() -> None:
     lines = [
         "# Random block against top-k: compress + decompress time\n",
         f"`python benchmarks/comm/bench_random_block.py --device {args.device}` at git `{git_sha()}`, "
-        f"torch {torch.__version__}, {where}; median of {args.repeats} calls after 2 warm-up calls "
-        "(the methods interleaved call by call), fp32 normal tensors. Top-k: exact `torch.topk` of |x| "
+        f"torch {torch.__version__}, {where}; median of {args.repeats} calls or more (x 10^6 / entries), "
+        f"in {ROUNDS} rounds of a batch per method, 2 warm-up calls per batch dropped, fp32 normal tensors. Top-k: exact `torch.topk` of |x| "
         "(values + int32 indices); random-k: shared indices from a permutation; random block: one "
         "contiguous block at a shared random offset.\n",
         "**Into a reused buffer** (`decompress_into`, GradientSync's all-reduce route, which writes the "

@@ -25,7 +25,9 @@ from .base import Compressor, CompressorRNG, Payload, check_density, check_out, 
 def block_offset(numel: int, rng: CompressorRNG) -> int:
     """The block's first entry, uniform in [0, numel), from the shared generator."""
     generator = rng.shared
-    return int(torch.randint(numel, (1,), generator=generator, device=generator.device).item())
+    # the draw torch.randint(numel, (1,)) makes (the same stream), without its shape handling
+    draw = torch.empty((), dtype=torch.int64, device=generator.device)
+    return int(draw.random_(0, numel, generator=generator))
 
 
 class RandomBlock(Compressor):
@@ -76,8 +78,9 @@ class RandomBlock(Compressor):
         """Zero ``out`` outside the block, copy the block in: one pass over ``out``, no allocation.
 
         The wire values may *be* ``out``'s block (GradientSync all-reduces a view of the gradient
-        in place when there is no error feedback); only the complement is zeroed, and the copy of
-        a block onto itself leaves it as it is.
+        in place when there is no error feedback): then only the complement is zeroed, and the
+        copy of a block onto itself leaves it as it is. Otherwise the whole buffer is zeroed at
+        once, which is faster than two partial fills (measured at 10^5 entries).
         """
         check_out(payload, out)
         values = payload.wire["values"]
@@ -86,15 +89,16 @@ class RandomBlock(Compressor):
         k = values.numel()
         offset = int(payload.local["offset"])
         end = offset + k
-        if end <= n:
-            flat.narrow(0, 0, offset).zero_()
+        if end <= n and values.data_ptr() == flat.data_ptr() + offset * flat.element_size():
+            flat.narrow(0, 0, offset).zero_()  # the values are out's own block: zero the rest
             flat.narrow(0, end, n - end).zero_()
+            return out
+        if values.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr():
+            values = values.clone()  # elsewhere in out's memory: keep them from the fill
+        flat.zero_()
+        if end <= n:
             flat.narrow(0, offset, k).copy_(values)
-        else:
-            # wrapped (the values are a concatenated copy): [0, end - n) and [offset, n) are the
-            # block, the middle is zeroed
-            head = end - n
-            flat.narrow(0, head, offset - head).zero_()
+        else:  # wrapped: [offset, n) then [0, end - n)
             flat.narrow(0, offset, n - offset).copy_(values.narrow(0, 0, n - offset))
-            flat.narrow(0, 0, head).copy_(values.narrow(0, n - offset, head))
+            flat.narrow(0, 0, end - n).copy_(values.narrow(0, n - offset, end - n))
         return out

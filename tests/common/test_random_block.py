@@ -59,6 +59,19 @@ def test_decompress_into_reads_a_block_that_is_the_buffer_itself() -> None:
     assert all(seen.values())
 
 
+def test_decompress_into_another_view_of_the_same_memory() -> None:
+    # the values live in the same storage as out, but not at out's block: the fill must not erase them
+    comp = RandomBlock(0.25)
+    rng = CompressorRNG(seed=2, rank=0)
+    for _ in range(20):
+        storage = torch.arange(1.0, 81.0)
+        x, out = storage[20:60], storage[:40]  # x's blocks overlap out
+        payload = comp.compress(x, rng)
+        expected = comp.decompress(payload).clone()
+        comp.decompress_into(payload, out)
+        assert torch.equal(out, expected)
+
+
 def test_wire_holds_only_the_block() -> None:
     comp = build_compressor("random_block", density=1 / 64)
     x = torch.randn(10_000)
