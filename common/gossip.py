@@ -35,6 +35,7 @@ from torch import Tensor, nn
 
 from .comm.collectives import exchange, get_rank, get_world_size
 from .comm.stats import CommStats
+from .registry import merge_options
 from .strategies.base import SyncStrategy, _broadcast_module_state
 from .topology import (
     PAPER_GRAPHS,
@@ -73,12 +74,7 @@ def _check_number(name: str, value: object, low: float, high: float) -> float:
 
 def check_gossip_options(options: dict[str, Any], world_size: int) -> dict[str, Any]:
     """``options`` over the defaults, validated against ``world_size`` (the graph's node count)."""
-    unknown = sorted(set(options) - set(GOSSIP_OPTIONS))
-    if unknown:
-        raise ValueError(
-            f"unknown gossip option(s) {', '.join(unknown)}; allowed: {', '.join(GOSSIP_OPTIONS)}"
-        )
-    merged = {**GOSSIP_OPTIONS, **options}
+    merged = merge_options(options, GOSSIP_OPTIONS, "gossip")
     if merged["mode"] not in GOSSIP_MODES:
         raise ValueError(f"gossip mode must be one of {', '.join(GOSSIP_MODES)}, got {merged['mode']!r}")
     try:

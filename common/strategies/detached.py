@@ -38,6 +38,7 @@ from ..comm.sync import GradientSync
 from ..compressors.base import Compressor
 from ..compressors.random_block import RandomBlock
 from ..feedback import ErrorFeedback
+from ..registry import merge_options
 from .base import SyncStrategy, _broadcast_module_state
 
 DEF_OPTIONS: dict[str, Any] = {
@@ -51,10 +52,7 @@ EVAL_POINTS = ("virtual", "global")
 
 def check_def_options(options: dict[str, Any]) -> dict[str, Any]:
     """``options`` over the defaults, validated (the values the strategy will use)."""
-    unknown = sorted(set(options) - set(DEF_OPTIONS))
-    if unknown:
-        raise ValueError(f"unknown def option(s) {', '.join(unknown)}; allowed: {', '.join(DEF_OPTIONS)}")
-    merged = {**DEF_OPTIONS, **options}
+    merged = merge_options(options, DEF_OPTIONS, "def")
     if not isinstance(merged["feedback"], bool):
         raise ValueError(f"def feedback must be true or false, got {merged['feedback']!r}")
     mu = merged["mu"]

@@ -16,6 +16,7 @@ from ..compressors import build_compressor
 from ..compressors.base import Compressor, CompressorRNG, Payload
 from ..compressors.dgc import warmup_density
 from ..feedback import MomentumCorrection
+from ..registry import merge_options
 from .base import SyncStrategy, _broadcast_module_state
 
 
@@ -61,10 +62,7 @@ DGC_OPTIONS: dict[str, Any] = {
 
 def check_dgc_options(options: dict[str, Any]) -> dict[str, Any]:
     """``options`` over the defaults, validated (the values the strategy will use)."""
-    unknown = sorted(set(options) - set(DGC_OPTIONS))
-    if unknown:
-        raise ValueError(f"unknown dgc option(s) {', '.join(unknown)}; allowed: {', '.join(DGC_OPTIONS)}")
-    merged = {**DGC_OPTIONS, **options}
+    merged = merge_options(options, DGC_OPTIONS, "dgc")
     if merged["warmup"] is not None:
         if not isinstance(merged["warmup"], list | tuple) or not merged["warmup"]:
             raise ValueError(f"dgc warmup must be a list of densities or null, got {merged['warmup']!r}")

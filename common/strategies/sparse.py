@@ -51,6 +51,7 @@ from ..comm.collectives import all_gather_variable, all_reduce_sum_, broadcast_,
 from ..comm.stats import CommStats
 from ..compressors.base import CompressorRNG, check_density
 from ..compressors.dgc import DGC
+from ..registry import merge_options
 from .base import SyncStrategy, _broadcast_module_state
 
 SELECTORS = ("exdyna", "topk", "dgc", "threshold", "cltk")
@@ -70,12 +71,7 @@ SCALE_UP, SCALE_BAND, SCALE_DOWN, BAND = 1.005, 1.00125, 0.995, 1.1  # the code'
 
 def check_sparse_options(options: dict[str, Any]) -> dict[str, Any]:
     """``options`` over the defaults, validated (the values the strategy will use)."""
-    unknown = sorted(set(options) - set(SPARSE_OPTIONS))
-    if unknown:
-        raise ValueError(
-            f"unknown sparse option(s) {', '.join(unknown)}; allowed: {', '.join(SPARSE_OPTIONS)}"
-        )
-    merged = {**SPARSE_OPTIONS, **options}
+    merged = merge_options(options, SPARSE_OPTIONS, "sparse")
     if merged["selector"] not in SELECTORS:
         raise ValueError(f"sparse selector must be one of {', '.join(SELECTORS)}, got {merged['selector']!r}")
     check_density(merged["density"])
