@@ -49,7 +49,7 @@ class RandomBlock(Compressor):
         self.unbiased = self.scaled
 
     def compress(self, x: Tensor, rng: CompressorRNG) -> Payload:
-        flat = x.reshape(-1)
+        flat = x if x.dim() == 1 else x.reshape(-1)
         n = flat.numel()
         k = num_kept(n, self.density)
         offset = block_offset(n, rng)
@@ -84,16 +84,18 @@ class RandomBlock(Compressor):
         """
         check_out(payload, out)
         values = payload.wire["values"]
-        flat = out.view(-1)
+        flat = out if out.dim() == 1 else out.view(-1)
         n = flat.numel()
         k = values.numel()
         offset = int(payload.local["offset"])
         end = offset + k
-        if end <= n and values.data_ptr() == flat.data_ptr() + offset * flat.element_size():
+        start, size = flat.data_ptr(), flat.element_size()
+        first = values.data_ptr()
+        if end <= n and first == start + offset * size:
             flat.narrow(0, 0, offset).zero_()  # the values are out's own block: zero the rest
             flat.narrow(0, end, n - end).zero_()
             return out
-        if values.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr():
+        if first < start + n * size and start < first + k * values.element_size():
             values = values.clone()  # elsewhere in out's memory: keep them from the fill
         flat.zero_()
         if end <= n:
