@@ -241,6 +241,15 @@ def flat_all_reduce_grads(module: nn.Module, group: ProcessGroup, *, stats: Comm
 # --------------------------------------------------------------------------------------- trainer
 
 
+class StepOptimizer(Protocol):
+    """What the trainer asks of an optimizer: a ``torch.optim.Optimizer``, or one that keeps its own
+    gradient (sparse AxoNN's compact optimizer, whose ``step`` reads the reduced compact buffer)."""
+
+    def zero_grad(self, set_to_none: bool = True) -> None: ...
+
+    def step(self) -> object: ...
+
+
 @dataclass(frozen=True)
 class PipelineStepStats:
     """What one rank did in one :meth:`PipelineTrainer.train_step`.
@@ -331,7 +340,7 @@ class PipelineTrainer:
         self,
         module: nn.Module,
         grid: ProcessGrid,
-        optimizer: torch.optim.Optimizer,
+        optimizer: StepOptimizer,
         *,
         num_microbatches: int,
         schedule: str = "gpipe",
