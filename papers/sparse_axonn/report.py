@@ -13,6 +13,7 @@ Every number comes from those files (and ``results/costmodel/fit.json``).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -284,10 +285,12 @@ def extrapolation(params: dict[str, Any], prune: dict[str, Any]) -> tuple[dict[s
             "\n(No cost-model fit at results/costmodel/fit.json: run the root `calibrate` stage.)\n"
         ]
     fit = json.loads(FIT.read_text())["params"]
+    fit_sha = hashlib.sha256(FIT.read_bytes()).hexdigest()[:12]
     link = costmodel.LinkParams(**fit)
     setting = PaperSetting.from_dict(params.get("extrapolation"))
     sparsity = max(prune["scale_config"]["prune"]["sparsities"])
     m = model_setting(setting, sparsity, link)
+    m["fit_sha256"] = fit_sha
     d, s = m["dense"], m["sparse"]
     out = [
         "\n## A MODEL of the paper's setting (not a measurement)\n",
@@ -295,7 +298,8 @@ def extrapolation(params: dict[str, Any], prune: dict[str, Any]) -> tuple[dict[s
         f"vocab {setting.vocab}, context {setting.n_ctx} ({m['num_params'] / 1e9:.2f}B parameters); {setting.num_gpus} GPUs "
         f"of {setting.gpu_memory_gb:g} GB, {100 * setting.state_fraction:.0f} % of it for model state; "
         f"{setting.link_gbit:g} Gbit/s per GPU, alpha {setting.alpha_us:g} µs (assumed), link efficiency "
-        f"{link.efficiency:.3f} and gamma {link.gamma:.2e} s/B from our calibration (results/costmodel/fit.json); "
+        f"{link.efficiency:.3f} and gamma {link.gamma:.2e} s/B from our calibration (results/costmodel/fit.json, "
+        f"sha256 {fit_sha}); "
         f"{setting.flops_per_gpu / 1e12:g} TFLOP/s at {100 * setting.flops_efficiency:.0f} % efficiency; global batch "
         f"{setting.global_batch} sequences, micro-batch {setting.microbatch}; GPipe bubble; no overlap. "
         f"Sparsity {100 * sparsity:.0f} % of the prunable weights (density {m['density']:.3f} with biases and LayerNorms).\n",
