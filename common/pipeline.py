@@ -164,7 +164,8 @@ class GPT2Stage(nn.Module):
         transformer: Any = model.transformer
         lm_head: Any = model.lm_head
         blocks = transformer.h
-        tied = lm_head.weight is transformer.wte.weight
+        # getattr: a sparse-compute lm_head (common.sparse_compute.SparseLinear) has no ``weight``
+        tied = getattr(lm_head, "weight", None) is transformer.wte.weight
         if num_stages > 1 and tied:
             raise ValueError(
                 "lm_head.weight is tied to transformer.wte.weight, which sit on different pipeline "
