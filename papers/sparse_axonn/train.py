@@ -14,7 +14,8 @@ Every run starts from the prune stage's rewind state (step ``prune.rewind_step``
 applied for the sparse methods, and trains ``train.steps`` steps on the same global batches (steps
 ``rewind_step ...`` of the prune stage's data order) at the same learning rates. Per rank it
 measures the model-state bytes by category from the tensors, the peak resident memory of the
-process (VmHWM, reset at the start of each run; it includes torch itself), the all-reduce and
+process (VmHWM, reset at the start of each run; it includes torch and transformers, imported
+before the first run, whose resident memory at the start is reported too), the all-reduce and
 point-to-point bits and seconds per step, the step time; at the end rank 0 gathers the stages of
 replica 0, checks that every pruned weight is still exactly zero and evaluates the validation
 perplexity. Writes ``<out>/<run>/``: ``metrics.json`` (flat), ``ranks.json`` (per rank),
@@ -47,7 +48,7 @@ from common.distributed import DistContext, barrier, init_from_env, seed_everyth
 from common.fileio import atomic_write_json, atomic_write_text
 from common.pipeline import GPT2Stage, PipelineTrainer, ProcessGrid, flat_all_reduce_grads
 from common.pruning import apply_masks, load_masks
-from common.sparse_compute import to_sparse_compute
+from common.sparse_compute import SparseLinear, to_sparse_compute
 from common.tracking import Tracker, git_sha
 
 from .config import RunSpec, ScaleConfig
@@ -144,6 +145,15 @@ def reset_peak_rss() -> bool:
 # ------------------------------------------------------------------------------------------ a run
 
 
+def dense_numel(module: nn.Module) -> int:
+    """Entries of the module's dense parameters: a CSR layer counts its whole weight matrix."""
+    total = sum(p.numel() for p in module.parameters())
+    for m in module.modules():
+        if isinstance(m, SparseLinear):
+            total += m.weight_shape[0] * m.weight_shape[1] - m.values.numel()
+    return total
+
+
 def _median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
@@ -233,7 +243,7 @@ def train_run(
     wall = time.perf_counter() - start
     timed = rows[train.timing_skip :]
     state = training.state_bytes() if training is not None else state_bytes(stage, optimizer)
-    num_params = sum(p.numel() for p in stage.parameters())
+    num_params = dense_numel(stage)
     mine = {
         "rank": ctx.rank,
         "stage": grid.stage,
@@ -385,6 +395,12 @@ def worker(args: dict[str, Any]) -> None:
         "train": load_split(config, "train"),
         "val": load_split(config, "val", limit=config.train.eval_windows),
     }
+    # Import what a run imports before any run starts, so that a run's memory is its own: the first
+    # GPT-2 built imports transformers' model code (~250 MB of resident memory, measured).
+    build_gpt2(config.model, len(data["train"].vocab))
+    import torch.distributed.pipelining  # noqa: F401
+    import transformers.masking_utils  # noqa: F401
+
     try:
         for name in args["runs"]:
             train_run(name, runs[name], config, ctx, Path(args["prune_dir"]), Path(args["out"]), data)
