@@ -128,27 +128,45 @@ def runs_section(rows: list[dict[str, Any]], train: dict[str, Any]) -> list[str]
     out = [
         "\n## Training runs (train stage, 4 gloo ranks)\n",
         f"{train['steps']} steps of {train['batch_size']} sequences ({train['num_microbatches']} micro-batches per "
-        f"replica, {train['schedule']}) from the rewind state, the same batches for every run. Bytes: the "
-        "largest rank's model state, counted from its tensors (fp32 parameters; gradients that exist after a "
-        "step; optimizer = master weights + m + v; compact gradient buffer); index bytes apart. Peak RSS: the "
-        "largest rank's VmHWM, reset at the run's start (torch itself is most of it). Bits: per step per "
-        "rank, the largest rank's. Seconds: per-step medians (after the first "
-        f"{train['timing_skip']} steps), the largest rank's; p2p seconds include waiting for the neighbours "
-        "(the bubble). 4 ranks share 2 cores: seconds are noisy and compute-bound.\n",
-        "| run | grid | density | params | grads | optimizer | compact grad | state total | vs dense 2x2 | index | peak RSS (MB) "
-        "| all-reduce bits | vs dense | all-reduce s | p2p bits | p2p s | step s | perplexity | pruned nonzero | MLflow run id |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        f"replica, {train['schedule']}) from the rewind state, the same batches for every run.\n",
+        "\n### Memory per rank\n",
+        "The largest rank's model state, counted from its tensors: fp32 parameters; the gradients that exist "
+        "after a step; optimizer = fp32 master weights + m + v; the compact gradient buffer. Index bytes (the "
+        "layout's int32 indices, or the CSR indices) apart, as in the paper's arithmetic. Peak RSS: the largest "
+        "rank's VmHWM (reset at the run's start; torch and transformers are imported before it, ~800 MB), and "
+        "the run's own: peak minus the resident memory at the run's start.\n",
+        "| run | grid | density | params | grads | optimizer | compact grad | state total | vs dense 2x2 | index "
+        "| peak RSS | run's own peak RSS |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         ref = dense or r
         out.append(
-            f"| {_label(r)} | {r['grid']} | {r['density']:.3f} | {r['params_bytes'] / MB:.2f} MB | {r['grads_bytes'] / MB:.2f} MB "
-            f"| {r['optimizer_bytes'] / MB:.2f} MB | {r['compact_grad_bytes'] / MB:.2f} MB | **{r['state_bytes_max'] / MB:.2f} MB** "
-            f"| {_pct(r['state_bytes_max'], ref['state_bytes_max'])} | {r['index_bytes'] / MB:.2f} MB "
-            f"| {r['peak_rss_bytes_max'] / MB:.0f} | {r['allreduce_bits_per_step_max']:,.0f} "
+            f"| {_label(r)} | {r['grid']} | {r['density']:.3f} | {r['params_bytes'] / MB:.2f} MB "
+            f"| {r['grads_bytes'] / MB:.2f} MB | {r['optimizer_bytes'] / MB:.2f} MB | {r['compact_grad_bytes'] / MB:.2f} MB "
+            f"| **{r['state_bytes_max'] / MB:.2f} MB** | {_pct(r['state_bytes_max'], ref['state_bytes_max'])} "
+            f"| {r['index_bytes'] / MB:.2f} MB | {r['peak_rss_bytes_max'] / MB:.0f} MB | {r['run_peak_rss_bytes_max'] / MB:.0f} MB |"
+        )
+    out += [
+        "\n### Traffic and time per step\n",
+        "Bits: what the largest-sending rank handed to the collective or to `isend`, per step. Seconds: medians "
+        f"over the steps after the first {train['timing_skip']}, the largest rank's. All-reduce: the transfer "
+        "(pack, collective, unpack) after a barrier, and the wait at that barrier for the other replica's "
+        "backward. p2p: the pipeline phase outside this rank's compute, i.e. transfers *and* the bubble. "
+        "Rest: optimizer step, zero_grad, the loss all-reduce. 4 ranks share 2 cores: seconds are noisy.\n",
+        "| run | grid | all-reduce bits | vs dense 2x2 | all-reduce s | barrier wait s | p2p bits | p2p + bubble s "
+        "| compute s | rest s | step s | perplexity | pruned nonzero | MLflow run id |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        ref = dense or r
+        out.append(
+            f"| {_label(r)} | {r['grid']} | {r['allreduce_bits_per_step_max']:,.0f} "
             f"| {_pct(r['allreduce_bits_per_step_max'], ref['allreduce_bits_per_step_max'])} "
-            f"| {r['allreduce_seconds_median_max']:.4f} | {r['p2p_bits_per_step_max']:,.0f} | {r['p2p_seconds_median_max']:.4f} "
-            f"| {r['step_seconds_median_max']:.3f} | {r['val_perplexity']:.3f} | {r['pruned_nonzero']} | `{r['mlflow_run_id']}` |"
+            f"| {r['allreduce_transfer_seconds_median_max']:.4f} | {r['allreduce_wait_seconds_median_max']:.4f} "
+            f"| {r['p2p_bits_per_step_max']:,.0f} | {r['p2p_seconds_median_max']:.4f} | {r['compute_seconds_median_max']:.3f} "
+            f"| {r['rest_seconds_median_max']:.4f} | {r['step_seconds_median_max']:.3f} | {r['val_perplexity']:.3f} "
+            f"| {r['pruned_nonzero']} | `{r['mlflow_run_id']}` |"
         )
     return out
 
@@ -216,7 +234,7 @@ def config_section(prune: dict[str, Any], rows: list[dict[str, Any]]) -> list[st
         out += [
             "\nMeasured (the train runs): the sparse model at the fewest stages that fit against dense at two.\n",
             "| run | grid | state MB (largest rank) | within capacity | p2p bits/step | all-reduce bits/step "
-            "| p2p s | all-reduce s | step s | perplexity |",
+            "| p2p + bubble s | all-reduce s | step s | perplexity |",
             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|",
         ]
         for r in measured:
@@ -224,13 +242,14 @@ def config_section(prune: dict[str, Any], rows: list[dict[str, Any]]) -> list[st
                 f"| {_label(r)} | {r['grid']} | {r['state_bytes_max'] / MB:.2f} | "
                 f"{'yes' if r['state_bytes_max'] <= capacity else 'no'} | {r['p2p_bits_per_step_max']:,.0f} "
                 f"| {r['allreduce_bits_per_step_max']:,.0f} | {r['p2p_seconds_median_max']:.4f} "
-                f"| {r['allreduce_seconds_median_max']:.4f} | {r['step_seconds_median_max']:.3f} | {r['val_perplexity']:.3f} |"
+                f"| {r['allreduce_transfer_seconds_median_max']:.4f} | {r['step_seconds_median_max']:.3f} | {r['val_perplexity']:.3f} |"
             )
     return out
 
 
 def _comm(r: dict[str, Any]) -> float:
-    return float(r["allreduce_seconds_median_max"] + r["p2p_seconds_median_max"])
+    """All-reduce transfer plus point to point (with the bubble, which p2p timing cannot separate)."""
+    return float(r["allreduce_transfer_seconds_median_max"] + r["p2p_seconds_median_max"])
 
 
 def claims(
@@ -253,7 +272,12 @@ def claims(
         )
         measured += f"; mixed-precision arithmetic on our counted entries: {arithmetic}"
         out.append({"claim": CLAIMS["memory"], "ours": measured, "model": _model(model, "memory_reduction")})
-        comm = f"2x2: all-reduce + p2p seconds {_pct(_comm(s90), _comm(dense))}, all-reduce bits {_pct(s90['allreduce_bits_per_step_max'], dense['allreduce_bits_per_step_max'])}"
+        transfer = "allreduce_transfer_seconds_median_max"
+        comm = (
+            f"2x2: all-reduce bits {_pct(s90['allreduce_bits_per_step_max'], dense['allreduce_bits_per_step_max'])}, "
+            f"all-reduce seconds {_pct(s90[transfer], dense[transfer])}, all-reduce + p2p (with the bubble) "
+            f"seconds {_pct(_comm(s90), _comm(dense))}"
+        )
         if p90:
             comm += f"; sparse 90 % at 1x4 against dense 2x2: {_pct(_comm(p90), _comm(dense))}"
         out.append({"claim": CLAIMS["comm"], "ours": comm, "model": _model(model, "comm_reduction")})
@@ -371,7 +395,12 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     ax.plot(xs, [r["p2p_bits_per_step_max"] / 8 / MB for r in grid_rows], marker="s", label="point to point")
     ax.set(title="bytes sent per step, largest rank (2x2)", xlabel="sparsity (%)", ylabel="MB")
     ax = axes[0][2]
-    ax.plot(xs, [1e3 * r["allreduce_seconds_median_max"] for r in grid_rows], marker="o", label="all-reduce")
+    ax.plot(
+        xs,
+        [1e3 * r["allreduce_transfer_seconds_median_max"] for r in grid_rows],
+        marker="o",
+        label="all-reduce",
+    )
     ax.plot(xs, [1e3 * r["p2p_seconds_median_max"] for r in grid_rows], marker="s", label="p2p + bubble")
     ax.plot(xs, [1e3 * r["step_seconds_median_max"] for r in grid_rows], marker="^", label="step")
     ax.set(title="seconds per step (median, largest rank; 2x2)", xlabel="sparsity (%)", ylabel="ms")

@@ -22,10 +22,12 @@ formed, and the step is bit-identical to the dense-gradient variant.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
 from common.comm import CommStats, all_reduce_sum_, get_world_size
@@ -130,6 +132,33 @@ def state_bytes(
     out["index_bytes"] = index_bytes
     out["total"] = sum(out[k] for k in STATE_CATEGORIES)
     return out
+
+
+class TimedReduce:
+    """A GradReducer that first waits for the stage's replicas at a barrier, timed apart.
+
+    The trainer times the whole reduction, which includes waiting for the slowest replica to finish
+    its backward; here ``wait_seconds`` is that wait and ``transfer_seconds`` the wrapped reducer
+    alone (packing, the collective, unpacking). The barrier's few bytes are not counted as traffic.
+    """
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.wait_seconds = 0.0
+        self.transfer_seconds = 0.0
+
+    def __call__(self, module: nn.Module, group: ProcessGroup, *, stats: CommStats) -> None:
+        device = next(module.parameters()).device
+        sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *_: None)
+        sync(device)
+        start = time.perf_counter()
+        if get_world_size(group) > 1:
+            dist.barrier(group=group)
+        arrived = time.perf_counter()
+        self.inner(module, group, stats=stats)
+        sync(device)
+        self.wait_seconds = arrived - start
+        self.transfer_seconds = time.perf_counter() - arrived
 
 
 def dense_optimizer(module: nn.Module, optim: OptimConfig) -> torch.optim.AdamW:

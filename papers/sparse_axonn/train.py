@@ -54,10 +54,19 @@ from common.tracking import Tracker, git_sha
 from .config import RunSpec, ScaleConfig
 from .model import batch, build_gpt2, evaluate, load_split
 from .params import OUT, flatten, load_config
-from .sparse_state import CompactTraining, dense_optimizer, state_bytes
+from .sparse_state import CompactTraining, TimedReduce, dense_optimizer, state_bytes
 
 log = logging.getLogger("sparse_axonn.train")
 
+SECONDS = (  # per-step times whose medians are reported
+    "step_seconds",
+    "compute_seconds",
+    "p2p_seconds",
+    "allreduce_seconds",
+    "allreduce_wait_seconds",
+    "allreduce_transfer_seconds",
+    "rest_seconds",
+)
 WORKER_ENV = "THINWIRE_SPARSE_AXONN_WORKER"  # the launcher's arguments, JSON, for the torchrun workers
 
 
@@ -200,13 +209,14 @@ def train_run(
         training = CompactTraining(stage, masks, optim, grads=spec.grads)
         training.layout.verify_across_ranks(group=grid.data_parallel_group)  # same masks, same order
         optimizer = reducer = training
+    timed_reduce = TimedReduce(reducer)
     trainer = PipelineTrainer(
         stage,
         grid,
         optimizer,
         num_microbatches=train.num_microbatches,
         schedule=train.schedule,
-        reduce_grads=reducer,
+        reduce_grads=timed_reduce,
         device=ctx.device,
     )
     tags = {
@@ -230,7 +240,16 @@ def train_run(
             for group in dense.param_groups:
                 group["lr"] = lr
         s = trainer.train_step(x.to(ctx.device), y.to(ctx.device))
-        rows.append({"step": i + 1, **s.__dict__})
+        rest = s.step_seconds - s.compute_seconds - s.p2p_seconds - s.allreduce_seconds
+        rows.append(
+            {
+                "step": i + 1,
+                **s.__dict__,
+                "allreduce_wait_seconds": timed_reduce.wait_seconds,
+                "allreduce_transfer_seconds": timed_reduce.transfer_seconds,
+                "rest_seconds": rest,  # optimizer step, zero_grad, loss all-reduce
+            }
+        )
         if ctx.is_main and ((i + 1) % max(1, train.steps // 5) == 0 or i + 1 == train.steps):
             log.info(
                 "%s: step %d/%d loss %.4f (%.1f s)",
@@ -258,10 +277,7 @@ def train_run(
         "p2p_bits_per_step": _median([r["p2p_bits"] for r in rows]),
         "allreduce_bits_per_step": _median([r["allreduce_bits"] for r in rows]),
         "loss_bits_per_step": _median([r["loss_bits"] for r in rows]),
-        **{
-            f"{k}_median": _median([r[k] for r in timed])
-            for k in ("step_seconds", "p2p_seconds", "allreduce_seconds", "compute_seconds")
-        },
+        **{f"{k}_median": _median([r[k] for r in timed]) for k in SECONDS},
         "allreduce_bits_steps": sorted({r["allreduce_bits"] for r in rows}),
         "p2p_bits_steps": sorted({r["p2p_bits"] for r in rows}),
     }
@@ -334,10 +350,8 @@ def _finish(
         "allreduce_bits_per_step_total": sum(r["allreduce_bits_per_step"] for r in ranks),
         "p2p_bits_per_step_max": max(r["p2p_bits_per_step"] for r in ranks),
         "p2p_bits_per_step_total": sum(r["p2p_bits_per_step"] for r in ranks),
-        **{
-            f"{k}_median_max": max(r[f"{k}_median"] for r in ranks)
-            for k in ("step_seconds", "p2p_seconds", "allreduce_seconds", "compute_seconds")
-        },
+        **{f"{k}_median_max": max(r[f"{k}_median"] for r in ranks) for k in SECONDS},
+        "run_peak_rss_bytes_max": max(r["peak_rss_bytes"] - r["rss_start_bytes"] for r in ranks),
         "wall_seconds": wall,
     }
     tracker = Tracker("sparse_axonn", name)

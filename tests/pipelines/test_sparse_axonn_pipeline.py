@@ -121,6 +121,8 @@ def test_sparse_all_reduce_sends_the_kept_entries_only_and_activations_stay_dens
         assert dense["state_bytes"]["total"] == 16 * n
         assert sparse["state_bytes"]["total"] == 8 * n + 16 * k
         assert sparse["state_bytes"]["index_bytes"] > 0 and sparse["peak_rss_bytes"] > 0
+        for r in (dense, sparse, sputnik):  # the reduction, timed: wait for the replica, then transfer
+            assert r["allreduce_transfer_seconds_median"] > 0 and r["allreduce_wait_seconds_median"] >= 0
 
 
 def test_pruned_weights_stay_zero_and_the_runs_report_what_they_measured(trained):
