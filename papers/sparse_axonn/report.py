@@ -133,8 +133,9 @@ def runs_section(rows: list[dict[str, Any]], train: dict[str, Any]) -> list[str]
         "The largest rank's model state, counted from its tensors: fp32 parameters; the gradients that exist "
         "after a step; optimizer = fp32 master weights + m + v; the compact gradient buffer. Index bytes (the "
         "layout's int32 indices, or the CSR indices) apart, as in the paper's arithmetic. Peak RSS: the largest "
-        "rank's VmHWM (reset at the run's start; torch and transformers are imported before it, ~800 MB), and "
-        "the run's own: peak minus the resident memory at the run's start.\n",
+        "rank's VmHWM (reset at the run's start; torch and transformers are imported before it: "
+        f"{min(r['rss_start_bytes_max'] for r in rows) / MB:.0f}-{max(r['rss_start_bytes_max'] for r in rows) / MB:.0f} MB "
+        "resident at the start), and the run's own: peak minus the resident memory at the run's start.\n",
         "| run | grid | density | params | grads | optimizer | compact grad | state total | vs dense 2x2 | index "
         "| peak RSS | run's own peak RSS |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
