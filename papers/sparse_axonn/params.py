@@ -1,0 +1,39 @@
+"""params.yaml of the sparse AxoNN pipeline, read at the entry points only."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pipelines.common import RESULTS_DIR, load_params
+
+from .config import RunSpec, ScaleConfig, from_params
+
+PIPELINE = "sparse_axonn"
+OUT = RESULTS_DIR / PIPELINE
+
+
+def load_config(scale: str | None = None) -> tuple[ScaleConfig, dict[str, RunSpec]]:
+    """The scale's settings and the runs of ``pipelines/sparse_axonn/params.yaml``, checked."""
+    try:
+        return from_params(load_params(PIPELINE), scale)
+    except ValueError as error:
+        raise ValueError(f"pipelines/{PIPELINE}/params.yaml: {error}") from None
+
+
+def out_dir(path: str | None) -> Path:
+    out = Path(path).resolve() if path else OUT
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (MLflow params)."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, Mapping):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
