@@ -36,9 +36,6 @@ tied gradient between the two stages every step).
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -47,6 +44,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from .comm import CommStats, all_reduce_sum_, get_world_size, is_distributed
+from .comm.stats import timed
 
 log = logging.getLogger(__name__)
 
@@ -273,21 +271,6 @@ class PipelineStepStats:
     step_seconds: float
 
 
-@contextmanager
-def _timed(seconds: list[float], device: torch.device) -> Iterator[None]:
-    """Add the block's wall time to ``seconds[0]``; on CUDA the device is synchronised at both ends."""
-    cuda = device.type == "cuda"
-    if cuda:
-        torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    try:
-        yield
-    finally:
-        if cuda:
-            torch.cuda.synchronize(device)
-        seconds[0] += time.perf_counter() - start
-
-
 def _bits(t: Tensor) -> int:
     return t.numel() * t.element_size() * 8
 
@@ -312,11 +295,11 @@ def _counting_stage(
             return ops
 
         def forward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
-            with _timed(compute, device):
+            with timed(compute, device):
                 return super().forward_one_chunk(*args, **kwargs)
 
         def backward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
-            with _timed(compute, device):
+            with timed(compute, device):
                 return super().backward_one_chunk(*args, **kwargs)
 
     return CountingStage(module, grid.stage, grid.num_stages, device, group=grid.pipeline_group)
@@ -384,7 +367,7 @@ class PipelineTrainer:
         return loss / (self.num_microbatches * self.grid.num_replicas)
 
     def _timed_loss(self, logits: Tensor, targets: Tensor) -> Tensor:
-        with _timed(self._compute, self.device):  # the schedule computes the loss outside its stage
+        with timed(self._compute, self.device):  # the schedule computes the loss outside its stage
             return self._loss(logits, targets)
 
     def _microbatches(self, inputs: Tensor, targets: Tensor) -> tuple[list[Tensor], list[Tensor]]:
@@ -411,7 +394,7 @@ class PipelineTrainer:
         if self._schedule is None:  # one stage: no pipeline
             total = torch.zeros((), device=self.device)
             for x, y in zip(xs, ys, strict=True):
-                with _timed(self._compute, self.device):
+                with timed(self._compute, self.device):
                     loss = self._loss(self.module(x), y)
                     loss.backward()
                 total += loss.detach()
@@ -431,11 +414,11 @@ class PipelineTrainer:
         before = (self.p2p_stats.bits_sent, self.allreduce_stats.bits_sent, self.loss_stats.bits_sent)
         compute_before = self._compute[0]
         step, pipeline, reduce = [0.0], [0.0], [0.0]
-        with _timed(step, self.device):
+        with timed(step, self.device):
             self.optimizer.zero_grad(set_to_none=True)
-            with _timed(pipeline, self.device):
+            with timed(pipeline, self.device):
                 replica_loss = self._run_microbatches(xs, ys)
-            with _timed(reduce, self.device):
+            with timed(reduce, self.device):
                 self.reduce_grads(self.module, self.grid.data_parallel_group, stats=self.allreduce_stats)
             self.optimizer.step()
             loss = torch.zeros((), device=self.device) if replica_loss is None else replica_loss

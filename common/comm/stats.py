@@ -14,6 +14,22 @@ import torch
 PHASES = ("compress", "communicate", "decompress")
 
 
+@contextmanager
+def timed(seconds: list[float], device: torch.device | None = None) -> Iterator[None]:
+    """Add the block's wall time to ``seconds[0]``; on CUDA the device is synchronised at both
+    ends, so the time is the device's work and not only its launch."""
+    cuda = device is not None and device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        if cuda:
+            torch.cuda.synchronize(device)
+        seconds[0] += time.perf_counter() - start
+
+
 @dataclass
 class CommStats:
     """What one rank sent, counted where it was sent.
@@ -46,16 +62,12 @@ class CommStats:
         """Time a phase; on CUDA the device is synchronised at both ends so the time is real."""
         if name not in self.seconds:
             raise ValueError(f"unknown phase {name!r}; valid phases: {', '.join(self.seconds)}")
-        cuda = device is not None and device.type == "cuda"
-        if cuda:
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
+        elapsed = [0.0]
         try:
-            yield
+            with timed(elapsed, device):
+                yield
         finally:
-            if cuda:
-                torch.cuda.synchronize(device)
-            self.seconds[name] += time.perf_counter() - start
+            self.seconds[name] += elapsed[0]
 
     @property
     def compression_factor(self) -> float:

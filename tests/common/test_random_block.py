@@ -72,6 +72,17 @@ def test_decompress_into_another_view_of_the_same_memory() -> None:
         assert torch.equal(out, expected)
 
 
+def test_offsets_are_the_stream_torch_randint_draws() -> None:
+    # the draw avoids randint's shape handling but must consume the shared generator the same way
+    from common.compressors.random_block import block_offset
+
+    rng = CompressorRNG(seed=9, rank=0)
+    twin = torch.Generator().manual_seed(9)
+    for numel in (1, 7, 10**5, 2**31 + 11):
+        mine = [block_offset(numel, rng) for _ in range(5)]
+        assert mine == [int(torch.randint(numel, (1,), generator=twin).item()) for _ in range(5)]
+
+
 def test_wire_holds_only_the_block() -> None:
     comp = build_compressor("random_block", density=1 / 64)
     x = torch.randn(10_000)
