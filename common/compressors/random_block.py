@@ -24,10 +24,7 @@ from .base import Compressor, CompressorRNG, Payload, check_density, check_out, 
 
 def block_offset(numel: int, rng: CompressorRNG) -> int:
     """The block's first entry, uniform in [0, numel), from the shared generator."""
-    generator = rng.shared
-    # the draw torch.randint(numel, (1,)) makes (the same stream), without its shape handling
-    draw = torch.empty((), dtype=torch.int64, device=generator.device)
-    return int(draw.random_(0, numel, generator=generator))
+    return rng.shared_below(numel)
 
 
 class RandomBlock(Compressor):
