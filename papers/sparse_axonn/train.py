@@ -46,6 +46,7 @@ from torch import Tensor, nn
 
 from common.distributed import DistContext, barrier, init_from_env, seed_everything, shutdown
 from common.fileio import atomic_write_json, atomic_write_text
+from common.paths import REPO_ROOT
 from common.pipeline import GPT2Stage, PipelineTrainer, ProcessGrid, flat_all_reduce_grads
 from common.pruning import apply_masks, load_masks
 from common.sparse_compute import SparseLinear, to_sparse_compute
@@ -68,6 +69,12 @@ SECONDS = (  # per-step times whose medians are reported
     "rest_seconds",
 )
 WORKER_ENV = "THINWIRE_SPARSE_AXONN_WORKER"  # the launcher's arguments, JSON, for the torchrun workers
+
+
+def repo_relative(path: Path) -> str:
+    """``path`` relative to the repository root when it lies inside it, else as given."""
+    resolved = Path(path).resolve()
+    return str(resolved.relative_to(REPO_ROOT)) if resolved.is_relative_to(REPO_ROOT) else str(path)
 
 
 def mask_path(prune_dir: Path, config: ScaleConfig, spec: RunSpec) -> Path:
@@ -377,7 +384,8 @@ def _finish(
             "run": name,
             "spec": spec.__dict__,
             "grid": tags["grid"],
-            "masks": str(mask_path(prune_dir, config, spec)) if spec.method != "dense" else None,
+            # relative to the repository (no machine's absolute path in a tracked result)
+            "masks": repo_relative(mask_path(prune_dir, config, spec)) if spec.method != "dense" else None,
             "config": config.to_dict(),
             "tags": tags,
         },
