@@ -13,7 +13,11 @@ restarted by torchrun continues bit-exactly. Rank 0 writes, atomically, into ``o
 - ``metrics.json``: flat final numbers (accuracy, loss, bits per step, compression factor, seconds);
 - ``train_curve.csv`` / ``eval_curve.csv``: per-step curves (``dvc plots``);
 - ``plot.png``: both curves;
-- ``run.json``: MLflow run id, git sha, config fingerprint and the config.
+- ``run.json``: MLflow run id, git sha, config fingerprint and the config;
+- ``model.pt``: the final model's state as evaluated (the evaluate stage reads it; not committed).
+
+Recipe settings the loop applies to every method alike: label smoothing of the training loss,
+local gradient clipping before anything is sent, bf16 autocast and channels_last for compute.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from .config import RunConfig
 from .data import Dataset, epoch_batches, load_dataset
 from .data.augment import augment_batch, augment_generator
 from .distributed import DistContext, barrier, init_from_env, seed_everything
-from .fileio import atomic_write_json, atomic_write_text
+from .fileio import atomic_write, atomic_write_json, atomic_write_text
 from .gossip import GossipStrategy
 from .models import build_model
 from .plots import plot_curves
@@ -55,6 +59,8 @@ from .strategies import (
 from .tracking import Tracker, git_sha
 
 log = logging.getLogger(__name__)
+
+MODEL_FILE = "model.pt"  # rank 0's final model, as evaluated (see train())
 
 
 @dataclass
@@ -107,10 +113,36 @@ def default_strategy(config: RunConfig) -> SyncStrategy:
     return DataParallel(sync)
 
 
-def _loss_fn(kind: str) -> Callable[[Tensor, Tensor], Tensor]:
+def _loss_fn(kind: str, label_smoothing: float = 0.0) -> Callable[[Tensor, Tensor], Tensor]:
     if kind == "text":
-        return lambda logits, y: nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten())
-    return nn.functional.cross_entropy
+        return lambda logits, y: nn.functional.cross_entropy(
+            logits.flatten(0, 1).float(), y.flatten(), label_smoothing=label_smoothing
+        )
+    return lambda logits, y: nn.functional.cross_entropy(logits.float(), y, label_smoothing=label_smoothing)
+
+
+# Data-dependent initialisation (airbench's whitening filters) reads this many training examples,
+# the first of the split's fixed order: the same on every rank and for every seed.
+INIT_FROM_DATA_EXAMPLES = 5000
+
+
+def prepare_model(config: RunConfig, model: nn.Module, train_set: Dataset, device: torch.device) -> nn.Module:
+    """A built model made ready to train: data-dependent initialisation for models that have one
+    (``init_from_data(images)``, e.g. airbench's whitening), then the device and memory format."""
+    init = getattr(model, "init_from_data", None)
+    if callable(init):
+        count = min(INIT_FROM_DATA_EXAMPLES, len(train_set))
+        x, _ = train_set.get_batch(torch.arange(count))
+        init(x)
+    model = model.to(device)
+    if config.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    return model
+
+
+def autocast(config: RunConfig, device: torch.device) -> Any:
+    """The compute-precision context of a forward (and its backward) for ``config.precision``."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.precision == "bf16")
 
 
 def _build_model(config: RunConfig, dataset: Dataset) -> nn.Module:
@@ -146,6 +178,8 @@ def _schedule(config: RunConfig, total_steps: int, steps_per_epoch: int) -> Call
         progress = (step - warmup) / max(1, total_steps - warmup)
         if config.lr_schedule == "cosine":
             return 0.5 * (1 + math.cos(math.pi * progress))
+        if config.lr_schedule == "linear":
+            return 1.0 - (1.0 - config.lr_end_factor) * progress
         if config.lr_schedule == "step":
             passed = (
                 sum(step >= m for m in milestones) if milestones else (progress >= 0.5) + (progress >= 0.75)
@@ -157,8 +191,14 @@ def _schedule(config: RunConfig, total_steps: int, steps_per_epoch: int) -> Call
 
 
 @torch.no_grad()
-@torch.no_grad()
-def evaluate(model: nn.Module, dataset: Dataset, ctx: DistContext, batch_size: int) -> dict[str, float]:
+def evaluate(
+    model: nn.Module,
+    dataset: Dataset,
+    ctx: DistContext,
+    batch_size: int,
+    *,
+    config: RunConfig | None = None,
+) -> dict[str, float]:
     """Loss and accuracy on ``dataset``, each rank a disjoint shard, summed over ranks.
 
     Evaluation traffic (three numbers) is instrumentation, not training traffic: not counted.
@@ -170,7 +210,13 @@ def evaluate(model: nn.Module, dataset: Dataset, ctx: DistContext, batch_size: i
     for batch in indices.split(batch_size):
         x, y = dataset.get_batch(batch)
         x, y = x.to(ctx.device), y.to(ctx.device)
-        logits = model(x)
+        if config is not None and config.channels_last and x.dim() == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        if config is not None:
+            with autocast(config, ctx.device):
+                logits = model(x).float()
+        else:
+            logits = model(x)
         n = y.numel()
         totals[0] += float(loss_fn(logits, y)) * n
         totals[1] += float((logits.argmax(-1) == y).sum())
@@ -183,6 +229,30 @@ def evaluate(model: nn.Module, dataset: Dataset, ctx: DistContext, batch_size: i
     if dataset.info.kind == "text":
         out["test_perplexity"] = math.exp(min(loss, 50.0))
     return out
+
+
+def evaluate_trained(out_dir: str | Path, *, eval_limit: int | None = None) -> dict[str, float]:
+    """Rebuild a finished run from its folder (``run.json``'s config, ``model.pt``) in this process
+    and evaluate it on its data set's test split (the whole split unless ``eval_limit``): the
+    evaluate stage's measurement, independent of the subset the training curve was evaluated on."""
+    out_dir = Path(out_dir)
+    missing = [name for name in ("run.json", MODEL_FILE) if not (out_dir / name).exists()]
+    if missing:
+        raise FileNotFoundError(
+            f"{out_dir} has no {' or '.join(missing)}: train the run first (its train stage writes both)"
+        )
+    import json
+
+    config = RunConfig.from_dict(json.loads((out_dir / "run.json").read_text())["config"])
+    test_set = load_dataset(config.dataset, "test", limit=eval_limit, seq_len=config.seq_len)
+    torch.manual_seed(config.seed)
+    model = _build_model(config, test_set)
+    model.load_state_dict(torch.load(out_dir / MODEL_FILE, map_location="cpu", weights_only=True))
+    if config.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    ctx = DistContext(rank=0, world_size=1, local_rank=0, backend="gloo", device=torch.device("cpu"))
+    result = evaluate(model, test_set, ctx, batch_size=max(config.batch_size, 256), config=config)
+    return {**result, "test_examples": float(len(test_set))}
 
 
 def _csv(rows: Sequence[dict[str, Any]]) -> str:
@@ -229,7 +299,7 @@ def train(
             f"augment {config.augment!r} is for images; {config.dataset} is {train_set.info.kind}"
         )
     seed_everything(config.seed)  # same model initialisation on every rank
-    model = _build_model(config, train_set).to(ctx.device)
+    model = prepare_model(config, _build_model(config, train_set), train_set, ctx.device)
     strategy = strategy or default_strategy(config)
     strategy.setup(model)
     optimizer = _optimizer(config, strategy.param_groups(model))
@@ -251,8 +321,13 @@ def train(
     total_steps = config.epochs * steps_per_epoch
     if config.max_steps is not None:
         total_steps = min(total_steps, config.max_steps)
+    eval_every = (
+        config.eval_every if config.num_evaluations is None else -(-total_steps // config.num_evaluations)
+    )
+    log_every = config.log_every if config.num_logs is None else -(-total_steps // config.num_logs)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(config, total_steps, steps_per_epoch))
-    loss_fn = _loss_fn(train_set.info.kind)
+    loss_fn = _loss_fn(train_set.info.kind, config.label_smoothing)
+    trainable = [p for p in model.parameters() if p.requires_grad]
 
     # -- resume --------------------------------------------------------------------------------------
     fingerprint = config.fingerprint()
@@ -336,8 +411,13 @@ def train(
             x, y = x.to(ctx.device), y.to(ctx.device)
             if config.augment != "none":
                 x = augment_batch(x, config.augment, augment_generator(config.seed, ctx.rank, step))
+            if config.channels_last and x.dim() == 4:
+                x = x.contiguous(memory_format=torch.channels_last)
             optimizer.zero_grad(set_to_none=True)
-            loss = strategy.forward_backward(model, x, y, loss_fn)
+            with autocast(config, ctx.device):
+                loss = strategy.forward_backward(model, x, y, loss_fn)
+            if config.grad_clip_norm is not None:
+                torch.nn.utils.clip_grad_norm_(trainable, config.grad_clip_norm)
             strategy.after_backward(model)
             optimizer.step()
             scheduler.step()
@@ -352,7 +432,7 @@ def train(
             elapsed += step_seconds
             non_comm.append(step_seconds - (strategy.stats.seconds["communicate"] - comm_before))
             logged: dict[str, float] = {}
-            if step % config.log_every == 0 or step == total_steps:
+            if step % log_every == 0 or step == total_steps:
                 mean_loss = torch.tensor([window[0], float(window[1])], dtype=torch.float64)
                 if ctx.world_size > 1:
                     dist.all_reduce(mean_loss)  # instrumentation: not counted in CommStats
@@ -368,9 +448,14 @@ def train(
                 }
                 train_rows.append({"step": step, "epoch": epoch, **logged})
                 tracker.log_metrics(logged, step)
-            if step % config.eval_every == 0 or step == total_steps:
+            if step % eval_every == 0 or step == total_steps:
                 strategy.before_eval(model)
-                result = evaluate(model, test_set, ctx, batch_size=max(config.batch_size, 256))
+                result = evaluate(model, test_set, ctx, batch_size=max(config.batch_size, 256), config=config)
+                if step == total_steps and ctx.is_main:
+                    # The model as evaluated (DEF's virtual iterate, gossip's average): what the
+                    # evaluate stage measures on the whole test split.
+                    out_dir.mkdir(parents=True, exist_ok=True)
+                    atomic_write(out_dir / MODEL_FILE, lambda p: torch.save(model.state_dict(), p))
                 strategy.after_eval(model)
                 # wall_seconds: training time so far (steps only, not evaluation): time-to-accuracy
                 eval_rows.append({"step": step, "epoch": epoch, "wall_seconds": elapsed, **result})

@@ -44,7 +44,18 @@ def test_defaults_are_valid_and_fingerprint_ignores_logging_knobs():
             "unknown option.*ratio.*allowed: density",
         ),
         ({"batch_size": 0}, "batch_size must be a positive integer, got 0"),
-        ({"lr": -1}, "lr must be a positive number, got -1"),
+        ({"lr": -1}, "lr must be a number > 0, got -1"),
+        # a string where a number belongs is named, not a raw TypeError (issue 18)
+        ({"momentum": "0.9"}, r"momentum must be a number in \[0, 1\), got '0.9'"),
+        ({"weight_decay": "5e-4"}, "weight_decay must be a number >= 0, got '5e-4'"),
+        ({"lr_warmup_steps": "10"}, "lr_warmup_steps must be an integer >= 0, got '10'"),
+        ({"max_restarts": "1"}, "max_restarts must be an integer >= 0, got '1'"),
+        ({"error_feedback": "no"}, "error_feedback must be true or false, got 'no'"),
+        ({"label_smoothing": 1.0}, r"label_smoothing must be a number in \[0, 1\), got 1.0"),
+        ({"lr_end_factor": 2}, r"lr_end_factor must be a number in \[0, 1\], got 2"),
+        ({"grad_clip_norm": 0}, "grad_clip_norm must be a number > 0 or null, got 0"),
+        ({"precision": "fp8"}, "unknown precision 'fp8'; valid: fp32, bf16"),
+        ({"channels_last": 1}, "channels_last must be true or false, got 1"),
         ({"optimizer": "lamb"}, "unknown optimizer 'lamb'; valid: sgd, adamw"),
         ({"transport": "ring"}, "unknown transport 'ring'; valid transports: auto, allreduce, allgather"),
         (
@@ -52,7 +63,7 @@ def test_defaults_are_valid_and_fingerprint_ignores_logging_knobs():
             r"lr_milestones must be increasing positive epochs \(e.g. \[30, 60, 80\]\), got \[60, 30\]",
         ),
         ({"lr_schedule": "cosine", "lr_milestones": [30]}, "lr_milestones \\[30\\] need lr_schedule: step"),
-        ({"lr_schedule": "step", "lr_decay": 0}, r"lr_decay must be in \(0, 1\], got 0"),
+        ({"lr_schedule": "step", "lr_decay": 0}, r"lr_decay must be a number in \(0, 1\], got 0"),
     ],
 )
 def test_bad_run_parameters_are_rejected(values, message):

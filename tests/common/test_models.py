@@ -25,6 +25,7 @@ CASES: dict[str, dict[str, Any]] = {
     "resnet110": dict(in_channels=3, image_size=16),
     "vgg_small": dict(in_channels=3, image_size=32, width=0.125),
     "vgg16_bn": dict(in_channels=3, image_size=32),
+    "airbench": dict(in_channels=3, image_size=32, width=4),
     "cifar10_alexnet": dict(in_channels=3, image_size=24),
     # 63x63: the smallest input alexnet takes (its classifier does not depend on the input size).
     "alexnet": dict(in_channels=3, image_size=63),
@@ -33,6 +34,11 @@ CASES: dict[str, dict[str, Any]] = {
     "lstm_lm": dict(vocab_size=VOCAB, embed_dim=16, hidden_dim=16),
     "gpt2_small": dict(vocab_size=VOCAB, n_layer=1, n_head=2, n_embd=16, n_positions=16),
 }
+
+
+# Parameters a model keeps frozen by design (no gradient): airbench's whitening filters (set from
+# data) and its BatchNorm scales.
+FROZEN = {"airbench": ("whiten.weight", "norm1.weight", "norm2.weight")}
 
 
 def _model_name(case: str) -> str:
@@ -89,6 +95,9 @@ def test_backward_gives_finite_nonzero_gradient_for_every_parameter(case: str) -
     )
     F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)).backward()
     for name, p in model.named_parameters():
+        if any(name.endswith(f) for f in FROZEN.get(case, ())):
+            assert not p.requires_grad and p.grad is None, name
+            continue
         assert p.requires_grad, name
         assert p.grad is not None, f"{name} got no gradient"
         assert torch.isfinite(p.grad).all(), name
@@ -446,3 +455,41 @@ def test_vgg16_bn_is_the_def_papers_cifar_model() -> None:
     assert sum(isinstance(m, nn.Conv2d) for m in model.modules()) == 13
     with pytest.raises(ValueError, match="vgg16_bn is the CIFAR model .* got image_size 64"):
         build_model("vgg16_bn", in_channels=3, image_size=64)
+
+
+def test_airbench_parameter_count_is_airbench94s() -> None:
+    # airbench94.py at base width 64: whitening 312, groups 13,824 + 36,864 + 147,456 + 589,824 +
+    # 2 x 589,824 conv weights, 2 x 2 x (64 + 256 + 256) BatchNorm, fc 2,560
+    model = build_model("airbench", in_channels=3, image_size=32, width=64)
+    assert count_parameters(model) == 1_972_792
+
+
+def test_airbench_whitening_decorrelates_the_patches_it_was_fitted_on() -> None:
+    torch.manual_seed(0)
+    mix = torch.tensor([[1.0, 0.8, 0.6], [0.0, 0.6, 0.5], [0.0, 0.0, 0.4]])
+    images = torch.einsum("ij,bjhw->bihw", mix, torch.randn(64, 3, 12, 12)).contiguous()
+    images = images + images.roll(1, dims=3)  # neighbouring pixels correlate as in photographs
+    model = build_model("airbench", in_channels=3, image_size=32, width=4)
+    before = model.whiten.weight.clone()
+    model.init_from_data(images, eps=0.0)
+    assert model.whitened and not torch.equal(before, model.whiten.weight)
+    assert not model.whiten.weight.requires_grad
+    with torch.no_grad():
+        out = F.conv2d(images, model.whiten.weight[:12])  # the first half: the whitening filters
+    flat = out.permute(0, 2, 3, 1).reshape(-1, 12).double()
+    covariance = flat.T @ flat / flat.shape[0]
+    assert torch.allclose(covariance, torch.eye(12, dtype=torch.float64), atol=1e-3)
+    # the second half is the negation (GELU then keeps both signs of each component)
+    assert torch.equal(model.whiten.weight[12:], -model.whiten.weight[:12])
+
+
+def test_airbench_without_whitening_trains_its_stem() -> None:
+    model = build_model("airbench", in_channels=3, image_size=32, width=4, whiten=False)
+    before = model.whiten.weight.clone()
+    model.init_from_data(torch.randn(4, 3, 32, 32))
+    assert model.whiten.weight.requires_grad and torch.equal(before, model.whiten.weight)
+
+
+def test_airbench_rejects_bad_width() -> None:
+    with pytest.raises(ValueError, match="airbench width must be a positive integer, got 0"):
+        build_model("airbench", in_channels=3, image_size=32, width=0)

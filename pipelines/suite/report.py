@@ -1,0 +1,332 @@
+"""The suite's report: fp32's convergence per task, every method against it, one verdict rule.
+
+    python -m pipelines.suite.report
+
+Reads every trained run under ``results/suite/runs/<group>/<run>/seed<k>/`` (curves, bits, times,
+MLflow ids) and its whole-test-split measurement under ``results/suite/evaluations/`` (the
+evaluate stage), and writes ``results/suite/report.md``, ``report.json`` (what the paper pipelines
+and the leaderboard read) and ``curves.png``. The verdicts come from :mod:`common.verdict`: the
+difference to fp32 with a 95 % interval over seeds (paired by seed), against the task's tolerance
+in params.yaml ``stage``; a single seed or an unconverged fp32 is inconclusive. Nothing is typed
+by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from common.fileio import atomic_write_json, atomic_write_text
+from common.plots import method_color, readable_log_axis
+from common.verdict import Claim, difference, judge, min_seeds_for, plateau
+from pipelines.common import RESULTS_DIR, load_params, quiet_environment
+from pipelines.report import read_csv, save_panels
+
+PIPELINE = "suite"
+
+
+def metric_value(evaluation: dict[str, float], metric: str) -> float:
+    """The task's metric from an evaluation: accuracy in points, or test loss in nats."""
+    if metric == "accuracy":
+        return 100 * evaluation["test_accuracy"]
+    if metric == "loss":
+        return evaluation["test_loss"]
+    raise ValueError(f"unknown task metric {metric!r}; valid: accuracy, loss")
+
+
+def claim_for(metric: str, tolerance: float) -> Claim:
+    """Every method's "no loss" claim against fp32 on a task."""
+    return Claim(lower=-tolerance) if metric == "accuracy" else Claim(upper=tolerance)
+
+
+def load_runs(root: Path) -> dict[str, dict[int, dict[str, Any]]]:
+    """run -> seed -> its files (metrics, run.json, curves, evaluation); a run trained without its
+    evaluation fails with the folder named."""
+    runs: dict[str, dict[int, dict[str, Any]]] = defaultdict(dict)
+    for metrics_file in sorted((root / "runs").glob("*/*/seed*/metrics.json")):
+        folder = metrics_file.parent
+        group, run, seed = (
+            folder.parent.parent.name,
+            folder.parent.name,
+            int(folder.name.removeprefix("seed")),
+        )
+        evaluation_file = root / "evaluations" / group / run / f"{folder.name}.json"
+        if not evaluation_file.exists():
+            raise SystemExit(
+                f"error: {folder} has no evaluation ({evaluation_file}): run `python -m pipelines.evaluate "
+                f"suite {group}` (or dvc repro pipelines/suite/dvc.yaml)"
+            )
+        runs[run][seed] = {
+            "group": group,
+            "metrics": json.loads(metrics_file.read_text()),
+            "info": json.loads((folder / "run.json").read_text()),
+            "eval": read_csv(folder / "eval_curve.csv"),
+            "train": read_csv(folder / "train_curve.csv"),
+            "evaluation": json.loads(evaluation_file.read_text()),
+        }
+    if not runs:
+        raise SystemExit(f"error: no trained runs under {root / 'runs'}: dvc repro pipelines/suite/dvc.yaml")
+    return runs
+
+
+def _curve_metric(row: dict[str, float], metric: str) -> float:
+    return 100 * row["test_accuracy"] if metric == "accuracy" else row["test_loss"]
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _fmt(value: float, metric: str) -> str:
+    return f"{value:.2f}" if metric == "accuracy" else f"{value:.4f}"
+
+
+def _interval(low: float, high: float, metric: str) -> str:
+    if math.isnan(low):
+        return "(1 seed: no interval)"
+    return f"[{_fmt(low, metric)}, {_fmt(high, metric)}]"
+
+
+def task_rows(
+    task: str,
+    spec: dict[str, Any],
+    runs: dict[str, dict[int, dict[str, Any]]],
+    baseline: str,
+    order: list[str] | None = None,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """fp32's convergence on ``task`` and one row per method."""
+    metric, tolerance = spec["metric"], float(spec["tolerance"])
+    higher = metric == "accuracy"
+    base_name = f"{task}_{baseline}"
+    if base_name not in runs:
+        raise SystemExit(f"error: no {base_name} runs: the baseline of task {task} must be trained")
+    base = runs[base_name]
+    base_values = {s: metric_value(r["evaluation"], metric) for s, r in base.items()}
+    plateaus = [
+        plateau(
+            [e["step"] for e in r["eval"]],
+            [_curve_metric(e, metric) for e in r["eval"]],
+            tolerance=float(spec["plateau"]),
+            higher_is_better=higher,
+        )
+        for r in base.values()
+    ]
+    converged = all(p.reached for p in plateaus)
+    base_mean = _mean(list(base_values.values()))
+    bar_met = base_mean >= spec["bar"] if higher else base_mean <= spec["bar"]
+    convergence = {
+        "task": task,
+        "title": spec["title"],
+        "metric": metric,
+        "seeds": sorted(base_values),
+        "values": base_values,
+        "mean": base_mean,
+        "bar": spec["bar"],
+        "bar_met": bool(bar_met),
+        "plateau_tolerance": float(spec["plateau"]),
+        "last_fifth_gains": [p.improvement for p in plateaus],
+        "converged": converged,
+        "evaluations_per_run": min(len(r["eval"]) for r in base.values()),
+        "train_seconds": _mean([r["metrics"]["wall_seconds"] for r in base.values()]),
+        "steps": int(next(iter(base.values()))["metrics"]["steps"]),
+    }
+    longer = runs.get(f"{base_name}x2")  # fp32 at twice the epochs: the headroom the recipe leaves
+    if longer:
+        convergence["x2_values"] = {s: metric_value(r["evaluation"], metric) for s, r in longer.items()}
+        convergence["x2_gain"] = _mean(list(convergence["x2_values"].values())) - base_mean
+        if not higher:
+            convergence["x2_gain"] = -convergence["x2_gain"]
+    claim = claim_for(metric, tolerance)
+    rows = []
+    known = [r for r in (order or []) if r in runs]
+    mine = [r for r in known + sorted(set(runs) - set(known)) if r.startswith(f"{task}_")]
+    for run in sorted(mine, key=lambda r: r != base_name):  # the baseline first, then params order
+        seeds = runs[run]
+        method = run.removeprefix(f"{task}_")
+        values = {s: metric_value(r["evaluation"], metric) for s, r in seeds.items()}
+        mean = _mean(list(values.values()))
+        row: dict[str, Any] = {
+            "task": task,
+            "method": method,
+            "run": run,
+            "seeds": sorted(values),
+            "values": values,
+            "mean": mean,
+            "bits_per_step": _mean([r["metrics"]["bits_per_step"] for r in seeds.values()]),
+            "compression_factor": _mean([r["metrics"]["compression_factor"] for r in seeds.values()]),
+            "train_seconds": _mean([r["metrics"]["wall_seconds"] for r in seeds.values()]),
+            "communicate_seconds": _mean([r["metrics"]["communicate_seconds"] for r in seeds.values()]),
+            "mlflow_run_ids": [seeds[s]["info"]["mlflow_run_id"] for s in sorted(seeds)],
+            "evaluate_run_ids": [seeds[s]["evaluation"].get("mlflow_run_id") for s in sorted(seeds)],
+            "git_shas": sorted({seeds[s]["info"]["git_sha"] for s in seeds}),
+            "_curves": seeds,
+        }
+        if metric == "loss":
+            row["perplexity"] = _mean([math.exp(v) for v in values.values()])
+        if method != baseline and method != f"{baseline}x2":
+            diff = difference(values, base_values)
+            verdict = judge(diff, claim, min_seeds=min_seeds_for(claim), baseline_converged=converged)
+            row |= {
+                "difference": diff.estimate,
+                "low": diff.low,
+                "high": diff.high,
+                "paired": diff.paired,
+                "claim": claim.describe(" pts" if higher else " nats"),
+                "verdict": verdict.verdict,
+                "reason": verdict.reason,
+            }
+        rows.append(row)
+    return convergence, rows
+
+
+def markdown(convergence: list[dict[str, Any]], rows: list[dict[str, Any]], scale: str) -> str:
+    shas = sorted({sha for r in rows for sha in r["git_shas"]})
+    lines = [
+        f"# Task suite: results at scale `{scale}`",
+        "",
+        "Generated by `python -m pipelines.suite.report` from `results/suite/runs/` (2 gloo ranks) and "
+        "`results/suite/evaluations/` (the evaluate stage: each final model on the whole test split). "
+        f"Runs at git {', '.join(shas)}.",
+        "",
+        "Verdict rule (`common/verdict.py`): the difference to fp32 with a 95 % Student-t interval over "
+        "seeds, paired by seed; **reproduced** when the interval lies inside the claim, **not reproduced** "
+        "when outside, **inconclusive** when it straddles a bound, with fewer than 3 seeds on a side "
+        "(claims under 2 points), or when fp32 has not reached its plateau.",
+        "",
+        "## fp32 convergence",
+        "",
+        "| task | steps | fp32 (mean of seeds) | bar | met | gain over the last fifth, per seed | plateau "
+        "(gain below) | plateaued | twice the epochs gains (1 seed) | evaluations per run | train s per run |",
+        "|---|---:|---:|---:|---|---|---:|---|---:|---:|---:|",
+    ]
+    for c in convergence:
+        metric = c["metric"]
+        gains = ", ".join(_fmt(g, metric) for g in c["last_fifth_gains"])
+        lines.append(
+            f"| {c['title']} | {c['steps']} | {_fmt(c['mean'], metric)} {'%' if metric == 'accuracy' else 'nats'} "
+            f"({len(c['seeds'])} seeds) | {'>=' if metric == 'accuracy' else '<='} {c['bar']} | "
+            f"{'yes' if c['bar_met'] else '**no**'} | {gains} | {c['plateau_tolerance']} | "
+            f"{'yes' if c['converged'] else '**no**'} | "
+            f"{_fmt(c['x2_gain'], metric) if 'x2_gain' in c else 'not run'} | "
+            f"{c['evaluations_per_run']} | {c['train_seconds']:.0f} |"
+        )
+    for c in convergence:
+        metric = c["metric"]
+        unit = "test accuracy (%)" if metric == "accuracy" else "test loss (nats; perplexity = exp)"
+        lines += [
+            "",
+            f"## {c['title']}",
+            "",
+            f"Metric: {unit} on the whole test split. Claim for every method: no loss beyond the "
+            "tolerance against fp32.",
+            "",
+            "| method | seeds | mean | Δ vs fp32 | 95 % interval of Δ | claim | verdict | why | "
+            "bits / step / rank | compression (x) | train s | MLflow run ids (train) |",
+            "|---|---:|---:|---:|---|---|---|---|---:|---:|---:|---|",
+        ]
+        for r in (r for r in rows if r["task"] == c["task"]):
+            if "difference" in r:
+                delta = f"{r['difference']:+.2f}" if metric == "accuracy" else f"{r['difference']:+.4f}"
+                interval, claim, verdict = _interval(r["low"], r["high"], metric), r["claim"], r["verdict"]
+                verdict = f"**{verdict}**" if verdict != "inconclusive" else verdict
+                why = r["reason"]
+            else:
+                role = "reference (twice the epochs)" if r["method"].endswith("x2") else "baseline"
+                delta, interval, claim, verdict, why = "-", "-", role, "-", ""
+            mean = _fmt(r["mean"], metric)
+            if metric == "loss":
+                mean += f" (ppl {r['perplexity']:.3f})"
+            ids = ", ".join(f"`{i}`" for i in r["mlflow_run_ids"] if i)
+            lines.append(
+                f"| {r['method']} | {len(r['seeds'])} | {mean} | {delta} | {interval} | {claim} | {verdict} | {why} | "
+                f"{r['bits_per_step']:,.0f} | {r['compression_factor']:.1f} | {r['train_seconds']:.0f} | {ids} |"
+            )
+    lines += ["", "![curves](curves.png)", ""]
+    return "\n".join(lines)
+
+
+def plot(convergence: list[dict[str, Any]], rows: list[dict[str, Any]], path: Path) -> None:
+    """Per task: the test metric and the training loss against the step, mean over seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(convergence), 2, figsize=(12, 3.6 * len(convergence)), squeeze=False)
+    for (ax_eval, ax_train), c in zip(axes, convergence):
+        metric = c["metric"]
+        lowest = math.inf
+        for r in (r for r in rows if r["task"] == c["task"]):
+            seeds = list(r["_curves"].values())
+            style = {"color": method_color(r["method"]), "label": f"{r['method']} ({len(seeds)})"}
+            steps = [e["step"] for e in seeds[0]["eval"]]
+            values = [_mean([_curve_metric(s["eval"][i], metric) for s in seeds]) for i in range(len(steps))]
+            ax_eval.plot(steps, values, marker=".", **style)
+            lowest = min(lowest, values[-1])
+            tsteps = [t["step"] for t in seeds[0]["train"]]
+            losses = [_mean([s["train"][i]["train_loss"] for s in seeds]) for i in range(len(tsteps))]
+            ax_train.plot(tsteps, losses, **style)
+        if metric == "accuracy":
+            # the last points matter: start 25 points under the bar unless a curve ends lower (early points may fall below)
+            ax_eval.set_ylim(bottom=max(0.0, min(c["bar"] - 25, lowest - 1)))
+            ax_eval.set(ylabel="test accuracy (%), evaluation subset")
+        else:
+            ax_eval.set(ylabel="test loss (nats)", yscale="log")
+            readable_log_axis(ax_eval)
+        ax_eval.set(xlabel="step", title=c["title"])
+        ax_train.set(xlabel="step", ylabel="training loss (mean over ranks and seeds)", yscale="log")
+        readable_log_axis(ax_train)
+    save_panels(fig, axes, path)
+
+
+def _finite(value: Any) -> Any:
+    """NaN and infinities as JSON null (strict JSON has no NaN)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--root",
+        default=None,
+        help="folder holding runs/ and evaluations/, written to (default: results/suite)",
+    )
+    args = parser.parse_args(argv)
+    quiet_environment()
+    params = load_params(PIPELINE)
+    stage = params.get("stage") or {}
+    tasks, baseline = stage["tasks"], stage.get("baseline", "fp32")
+    root = Path(args.root) if args.root else RESULTS_DIR / PIPELINE
+    runs = load_runs(root)
+    convergence, rows = [], []
+    for task, spec in tasks.items():
+        if not any(r.startswith(f"{task}_") for r in runs):
+            continue
+        c, r = task_rows(task, spec, runs, baseline, order=list(params["runs"]))
+        convergence.append(c)
+        rows += r
+    text = markdown(convergence, rows, params["scale"])
+    atomic_write_text(root / "report.md", text)
+    public = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
+    atomic_write_json(
+        root / "report.json",
+        _finite({"pipeline": PIPELINE, "scale": params["scale"], "convergence": convergence, "rows": public}),
+    )
+    plot(convergence, rows, root / "curves.png")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
