@@ -16,7 +16,7 @@ export HF_HUB_OFFLINE := 1
 # DVC stages call `python`, `torchrun` and `dvc`: the venv's.
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: setup test lint repro clean-results
+.PHONY: setup test lint repro mlflow clean-results
 
 setup: $(STAMP)
 
@@ -40,3 +40,7 @@ test: lint
 repro: $(STAMP)
 	$(VENV)/bin/dvc config core.analytics false
 	$(VENV)/bin/dvc repro
+
+# Load every committed run (results/) into the local MLflow store, then: mlflow ui (see README).
+mlflow: $(STAMP)
+	$(PY) -m pipelines.mlflow_import

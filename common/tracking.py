@@ -59,6 +59,29 @@ def git_sha() -> str:
         return "unknown"
 
 
+# MLflow 3's UI opens an experiment without this tag in its GenAI view (an empty Traces page);
+# "custom_model_development" is the model-training view (runs, metrics, charts).
+EXPERIMENT_KIND_TAG = ("mlflow.experimentKind", "custom_model_development")
+
+
+def ensure_experiment(client: Any, name: str, uri: str) -> str:
+    """The id of experiment ``name`` (created if missing), tagged for the model-training view."""
+    experiment = client.get_experiment_by_name(name)
+    if experiment is not None:
+        experiment_id = str(experiment.experiment_id)
+        if experiment.tags.get(EXPERIMENT_KIND_TAG[0]) != EXPERIMENT_KIND_TAG[1]:
+            client.set_experiment_tag(experiment_id, *EXPERIMENT_KIND_TAG)
+        return experiment_id
+    # With a local SQLite store, artifacts go beside its file (not into the stage's cwd): the
+    # default store's beside mlflow.db at the repository root, a test's in its own folder.
+    location = None
+    if uri.startswith("sqlite:///"):
+        location = (Path(uri.removeprefix("sqlite:///")).resolve().parent / "mlartifacts").as_uri()
+    experiment_id = str(client.create_experiment(name, artifact_location=location))
+    client.set_experiment_tag(experiment_id, *EXPERIMENT_KIND_TAG)
+    return experiment_id
+
+
 def _reachable(uri: str, timeout: float = 3.0) -> bool:
     if not uri.startswith(("http://", "https://")):
         return True
@@ -116,13 +139,7 @@ class Tracker:
             from mlflow.tracking import MlflowClient
 
             client = MlflowClient(tracking_uri=uri)
-            experiment = client.get_experiment_by_name(self.experiment)
-            if experiment is not None:
-                experiment_id = experiment.experiment_id
-            else:
-                # With a local SQLite store, artifacts go beside it (not into the stage's cwd).
-                location = (REPO_ROOT / "mlartifacts").as_uri() if uri.startswith("sqlite:") else None
-                experiment_id = client.create_experiment(self.experiment, artifact_location=location)
+            experiment_id = ensure_experiment(client, self.experiment, uri)
             if self.run_id is None:
                 run = client.create_run(experiment_id, run_name=self.run_name, tags=dict(tags))
                 self.run_id = run.info.run_id

@@ -60,6 +60,24 @@ def seed_results(runs: Path, run: str, pipeline: str) -> list[dict[str, Any]]:
     ]
 
 
+def log_report(pipeline: str, files: list[Path], metrics: dict[str, float] | None = None) -> str | None:
+    """The report stage as its own MLflow run (named ``report``) in the pipeline's experiment: its
+    tables and figures as artifacts, headline numbers as metrics. Returns the run id (None when
+    tracking is unavailable: a report never fails for MLflow's sake)."""
+    from common.tracking import Tracker, git_sha
+
+    tracker = Tracker(pipeline, "report")
+    run_id = tracker.start(
+        {"files": ", ".join(p.name for p in files)}, {"stage": "report", "git_sha": git_sha()}
+    )
+    tracker.log_metrics({k: v for k, v in (metrics or {}).items() if math.isfinite(v)}, 0)
+    for path in files:
+        if path.exists():
+            tracker.log_artifact(path)
+    tracker.finish("FINISHED")
+    return run_id
+
+
 def finish_report(
     pipeline: str,
     rows: list[dict[str, Any]],
@@ -76,6 +94,7 @@ def finish_report(
     scale = load_params(pipeline)["scale"]
     atomic_write_json(out / "report.json", {"pipeline": pipeline, "scale": scale, "rows": public})
     plot(rows, out / "curves.png")
+    log_report(pipeline, [out / "report.md", out / "report.json", out / "curves.png"])
     print(text)
     bad = [r["run"] for r in rows if not math.isfinite(r[value_key])]
     if bad:

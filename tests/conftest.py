@@ -16,7 +16,18 @@ for _key, _value in {
 }.items():
     os.environ.setdefault(_key, _value)
 
+import atexit  # noqa: E402
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+
 import pytest  # noqa: E402
+
+# Tests never log into the repository's own mlflow.db (a developer's store of real runs): tracking
+# that a test does not point elsewhere goes to a store of its own, removed at exit.
+if "MLFLOW_TRACKING_URI" not in os.environ:
+    _mlflow_dir = tempfile.mkdtemp(prefix="thinwire-tests-mlflow-")
+    atexit.register(shutil.rmtree, _mlflow_dir, True)
+    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{_mlflow_dir}/mlflow.db"
 
 
 def pytest_collection_modifyitems(config, items):

@@ -24,7 +24,7 @@ from common.fileio import atomic_write_json, atomic_write_text
 from common.plots import method_color, readable_log_axis
 from common.verdict import Claim, difference, judge, min_seeds_for, plateau
 from pipelines.common import RESULTS_DIR, load_params, quiet_environment
-from pipelines.report import read_csv, save_panels
+from pipelines.report import log_report, read_csv, save_panels
 
 PIPELINE = "suite"
 
@@ -325,6 +325,11 @@ def main(argv: list[str] | None = None) -> None:
         _finite({"pipeline": PIPELINE, "scale": params["scale"], "convergence": convergence, "rows": public}),
     )
     plot(convergence, rows, root / "curves.png")
+    log_report(
+        PIPELINE,
+        [root / "report.md", root / "report.json", root / "curves.png"],
+        {f"{c['task']}_fp32_mean": c["mean"] for c in convergence},
+    )
     print(text)
 
 

@@ -1,0 +1,271 @@
+"""Load every committed run into the local MLflow store, so a fresh clone browses all results.
+
+    python -m pipelines.mlflow_import        # then: mlflow ui --backend-store-uri sqlite:///mlflow.db
+
+A clone has the runs' files (``results/``) but not the ``mlflow.db`` they were logged to. This
+walks ``results/<pipeline>/``:
+
+- every training run (a folder with ``run.json`` and ``metrics.json``): its config as params, each
+  CSV curve beside it (``train_curve.csv``, ``eval_curve.csv``, ``steps.csv``) as metric histories
+  by step, ``metrics.json`` as ``final_*`` metrics, its tags (git sha, fingerprint, ...) and its
+  small files (json, csv, png, md) as artifacts;
+- every evaluation (``evaluations/<group>/<run>/seed<k>.json``), nested under its training run;
+- each pipeline's report (``report.md|json``, figures) as a run named ``report``.
+
+One experiment per pipeline, in MLflow's model-training view. Each imported run carries
+``thinwire.original_run_id`` (the id in the store it was trained with, also in ``run.json`` and the
+READMEs) and ``thinwire.source`` (its folder). Idempotent: a run whose original id is already in the
+store (the machine that trained it), or that was imported before, is skipped. ``--listing FILE``
+also writes what is imported, per pipeline (the DVC stage's output); ``--dry-run`` imports nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from common.fileio import atomic_write_text
+from common.tracking import ensure_experiment, tracking_uri
+from pipelines.common import RESULTS_DIR, quiet_environment
+
+ORIGINAL_TAG = "thinwire.original_run_id"
+SOURCE_TAG = "thinwire.source"
+ARTIFACT_SUFFIXES = (".json", ".csv", ".png", ".md")
+REPORT_FILES = ("report.md", "report.json", "report.png", "curves.png", "summary.md")
+
+
+@dataclass
+class Record:
+    """One run to import: where it comes from and what it holds."""
+
+    experiment: str
+    name: str
+    source: Path
+    original_id: str | None
+    params: dict[str, str] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
+    metrics: list[tuple[str, float, int]] = field(default_factory=list)  # key, value, step
+    artifacts: list[Path] = field(default_factory=list)
+    parent_original_id: str | None = None
+
+
+def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _flatten(f"{prefix}.{k}" if prefix else str(k), v, out)
+    else:
+        out[prefix] = value
+
+
+def _numbers(values: dict[str, Any]) -> dict[str, float]:
+    return {
+        k: float(v)
+        for k, v in values.items()
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    }
+
+
+def _curves(folder: Path) -> list[tuple[str, float, int]]:
+    """Every numeric column of every CSV in ``folder`` by its ``step`` column."""
+    metrics = []
+    for path in sorted(folder.glob("*.csv")):
+        with path.open() as f:
+            for row in csv.DictReader(f):
+                if not row.get("step"):
+                    continue
+                step = int(float(row["step"]))
+                for key, text in row.items():
+                    if key in ("step", "epoch") or text in ("", None):
+                        continue
+                    try:
+                        value = float(text)
+                    except ValueError:
+                        continue
+                    if math.isfinite(value):
+                        metrics.append((key, value, step))
+    return metrics
+
+
+def training_runs(results: Path) -> Iterator[Record]:
+    for info_file in sorted(results.glob("*/**/run.json")):
+        folder = info_file.parent
+        if not (folder / "metrics.json").exists():
+            continue
+        relative = folder.relative_to(results)
+        experiment = relative.parts[0]
+        name = "/".join(p for p in relative.parts[1:] if p != "runs") or experiment
+        info = json.loads(info_file.read_text())
+        params: dict[str, Any] = {}
+        _flatten("", info.get("config", {}), params)
+        tags = {k: str(v) for k, v in (info.get("tags") or {}).items()}
+        for key in ("git_sha", "fingerprint", "network", "grid"):
+            if key in info:
+                tags[key] = str(info[key])
+        final: dict[str, Any] = {}
+        _flatten("", json.loads((folder / "metrics.json").read_text()), final)
+        metrics = _curves(folder) + [(f"final_{k}", v, 0) for k, v in _numbers(final).items()]
+        yield Record(
+            experiment=experiment,
+            name=name,
+            source=relative,
+            original_id=info.get("mlflow_run_id"),
+            params={k: json.dumps(v) if isinstance(v, list) else str(v) for k, v in params.items()},
+            tags=tags,
+            metrics=metrics,
+            artifacts=sorted(p for p in folder.iterdir() if p.suffix in ARTIFACT_SUFFIXES),
+        )
+
+
+def evaluation_runs(results: Path) -> Iterator[Record]:
+    for path in sorted(results.glob("*/evaluations/*/*/seed*.json")):
+        relative = path.relative_to(results)
+        row = json.loads(path.read_text())
+        yield Record(
+            experiment=relative.parts[0],
+            name=f"{row['run']}-{path.stem}-evaluate",
+            source=relative,
+            original_id=row.get("mlflow_run_id"),
+            params={"run": str(row["run"]), "seed": str(row["seed"]), "split": "test"},
+            tags={"stage": "evaluate", "git_sha": str(row.get("git_sha"))},
+            metrics=[(k, v, 0) for k, v in _numbers(row).items() if k.startswith("test_")],
+            artifacts=[path],
+            parent_original_id=row.get("training_run_id"),
+        )
+
+
+def report_runs(results: Path) -> Iterator[Record]:
+    for folder in sorted(p for p in results.iterdir() if p.is_dir()):
+        files = [folder / n for n in REPORT_FILES if (folder / n).exists()]
+        files += sorted(p for p in folder.glob("*.png") if p not in files)
+        if (folder / "report.md").exists():
+            yield Record(folder.name, "report", folder.relative_to(results), None, artifacts=files)
+    if (results / "summary.md").exists():
+        yield Record("summary", "summary", Path("summary.md"), None, artifacts=[results / "summary.md"])
+
+
+def collect(results: Path) -> list[Record]:
+    return [*training_runs(results), *evaluation_runs(results), *report_runs(results)]
+
+
+def listing(records: list[Record]) -> str:
+    """What an import loads, per experiment (deterministic: no ids of the target store)."""
+    counts = Counter(
+        (
+            r.experiment,
+            "evaluation"
+            if r.parent_original_id or r.name.endswith("-evaluate")
+            else "report"
+            if r.name in ("report", "summary")
+            else "training",
+        )
+        for r in records
+    )
+    lines = [
+        "# Runs `python -m pipelines.mlflow_import` loads into the local MLflow store",
+        "",
+        "| experiment | training runs | evaluations | reports |",
+        "|---|---:|---:|---:|",
+    ]
+    for experiment in sorted({e for e, _ in counts}):
+        lines.append(
+            f"| {experiment} | {counts[(experiment, 'training')]} | {counts[(experiment, 'evaluation')]} | "
+            f"{counts[(experiment, 'report')]} |"
+        )
+    lines += ["", f"{len(records)} runs in all.", ""]
+    return "\n".join(lines)
+
+
+def import_records(records: list[Record], uri: str) -> dict[str, int]:
+    """Create the missing runs in the store at ``uri``; returns counts of imported and skipped."""
+    from mlflow.entities import Metric, Param, RunTag
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    experiments = {
+        name: ensure_experiment(client, name, uri) for name in sorted({r.experiment for r in records})
+    }
+    known_original: dict[str, str] = {}  # original id -> id in this store
+    known_source: set[str] = set()
+    for run in client.search_runs(list(experiments.values()), max_results=50_000):
+        known_original[run.info.run_id] = run.info.run_id
+        if ORIGINAL_TAG in run.data.tags:
+            known_original[run.data.tags[ORIGINAL_TAG]] = run.info.run_id
+        if SOURCE_TAG in run.data.tags:
+            known_source.add(run.data.tags[SOURCE_TAG])
+    counts = Counter[str]()
+    now = int(time.time() * 1000)
+    for record in records:
+        source = str(record.source)
+        if (record.original_id and record.original_id in known_original) or source in known_source:
+            counts["skipped"] += 1
+            continue
+        if record.original_id:
+            try:  # the original run may be in this store under another experiment name
+                client.get_run(record.original_id)
+                counts["skipped"] += 1
+                continue
+            except MlflowException:
+                pass
+        tags = {**record.tags, SOURCE_TAG: source, "thinwire.imported": "true"}
+        if record.original_id:
+            tags[ORIGINAL_TAG] = record.original_id
+        parent = known_original.get(record.parent_original_id or "")
+        if parent:
+            tags["mlflow.parentRunId"] = parent
+            tags["training_run_id"] = parent
+        run = client.create_run(experiments[record.experiment], run_name=record.name, tags=tags)
+        run_id = run.info.run_id
+        params = [Param(k, v[:6000]) for k, v in record.params.items()]
+        metrics = [Metric(k, v, now, s) for k, v, s in record.metrics]
+        for start in range(0, max(len(params), 1), 100):
+            client.log_batch(run_id, params=params[start : start + 100])
+        for start in range(0, len(metrics), 900):
+            client.log_batch(run_id, metrics=metrics[start : start + 900])
+        client.log_batch(run_id, tags=[RunTag("thinwire.files", str(len(record.artifacts)))])
+        for path in record.artifacts:
+            client.log_artifact(run_id, str(path))
+        client.set_terminated(run_id, "FINISHED")
+        if record.original_id:
+            known_original[record.original_id] = run_id
+        known_source.add(source)
+        counts["imported"] += 1
+    return dict(counts)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--results", default=str(RESULTS_DIR), help="the results folder (default: results/)")
+    parser.add_argument("--listing", default=None, metavar="FILE", help="also write what is imported to FILE")
+    parser.add_argument("--dry-run", action="store_true", help="list only; import nothing")
+    args = parser.parse_args(argv)
+    quiet_environment()
+    results = Path(args.results)
+    if not results.is_dir():
+        raise SystemExit(f"error: no results folder {results}")
+    records = collect(results)
+    if args.listing:
+        atomic_write_text(args.listing, listing(records))
+    if args.dry_run:
+        print(listing(records))
+        return
+    uri = tracking_uri()
+    counts = import_records(records, uri)
+    print(
+        f"{counts.get('imported', 0)} runs imported, {counts.get('skipped', 0)} already in {uri}; "
+        f"browse with: mlflow ui --backend-store-uri {uri}"
+    )
+
+
+if __name__ == "__main__":
+    main()
