@@ -2,10 +2,24 @@
 
 Algorithm, for a tensor x of N elements (float32 math whatever x's dtype):
 
-1. Clipping (optional, ``clip = c``; the paper uses c = 2.5): ``g = clamp(x, -c*sigma, c*sigma)`` with
-   ``sigma = std(x)`` (population std). When sigma == 0 (a 1-element or constant tensor) nothing is
-   an outlier and nothing is clipped.
-2. Scaler: ``s = max_i |g_i|`` (or a larger scaler agreed on by all workers, see below).
+1. Scaler and clipping (``clip = c``; the paper uses c = 2.5), in one of two rules (``clip_at``):
+
+   - ``"shared"`` (default; the official code's ``gradient_binarizing_scalers`` +
+     ``stochastical_binarize_gradients``): each worker's scaler is ``c * sigma`` with
+     ``sigma = std(x)`` (population std); with scaler sharing every worker uses the max over workers.
+     Nothing is clamped beforehand: an entry with ``|x| >= s`` becomes ``±s`` with probability 1 (the
+     code's implicit clipping), so all workers clip at the same shared bound.
+   - ``"own"`` (GRACE's ``TernGradCompressor`` and this library before 2026-12): ``g = clamp(x, -c*sigma,
+     c*sigma)`` with the worker's own sigma, then ``s = max_i |g_i|`` (shared: the max over workers),
+     so each worker clips at its own 2.5 sigma.
+
+   The two agree without sharing whenever some entry lies beyond ``c * sigma`` (then
+   ``max |clamped| = c * sigma``); with sharing they differ on the workers whose sigma is below the
+   largest. When sigma == 0 (a 1-element or constant tensor) nothing is an outlier: nothing is
+   clipped and ``s = max |x|`` (where the code's ``s = 0`` would erase the gradient).
+   ``clip = None``: no clipping, ``s = max |x|``.
+2. ``g`` is ``x`` (``"shared"``) or the clamped ``x`` (``"own"``); the scaler ``s`` as above (or a larger
+   one agreed on by all workers, see below).
 3. Ternarize: ``t_i = sign(g_i) * b_i`` with ``b_i ~ Bernoulli(|g_i| / s)`` drawn from ``rng.local``;
    the estimate is ``s * t``. Since ``E[s * t_i] = s * sign(g_i) * |g_i| / s = g_i``, the estimate is
    unbiased for g, hence for x exactly when nothing is clipped (``clip=None``); with clipping it is
@@ -46,6 +60,7 @@ from kernels import ternarize, ternary_decode_accumulate, unpack_bits
 from .base import Compressor, CompressorRNG, Payload
 
 CODE_TRANSPORTS = ("auto", "allgather", "allreduce")
+CLIP_RULES = ("shared", "own")
 
 #: Relative slack allowed when a given scaler is slightly below max|g| (float rounding in transit).
 SCALER_SLACK = 1e-6
@@ -66,6 +81,9 @@ class TernGrad(Compressor):
     """TernGrad (Wen et al. 2017): 2-bit stochastic ternary codes and one fp32 scaler per tensor.
 
     ``clip``: c in the paper's clipping at c * sigma (default 2.5); ``None`` disables clipping.
+    ``clip_at``: ``"shared"`` (the official code: scaler c * sigma, entries beyond the shared scaler
+    saturate) or ``"own"`` (clamp at the worker's own c * sigma, scaler = max of the clamped); see
+    the module docstring.
     ``unbiased`` is True exactly when nothing is clipped (``clip=None``). Not linear: the wire holds
     packed codes with a per-rank scaler; summing codes is valid only with a shared scaler, which
     the transport arranges (:meth:`scaler`, :meth:`codes`, :meth:`decode_sum`). Fixed size:
@@ -80,12 +98,19 @@ class TernGrad(Compressor):
         self,
         clip: float | None = 2.5,
         shared_scaler: bool = True,
+        clip_at: str = "shared",
         code_transport: str = "auto",
         fp32_below: int = 0,
         fp32_layers: Sequence[str] = (),
     ) -> None:
         self.clip = check_clip(clip)
         self.unbiased = self.clip is None
+        if clip_at not in CLIP_RULES:
+            raise ValueError(
+                f"unknown clip_at {clip_at!r}; valid: shared (the official code: scaler c*sigma, "
+                "entries beyond the shared scaler saturate), own (clamp at each worker's c*sigma)"
+            )
+        self.clip_at = clip_at
         if not isinstance(shared_scaler, bool):
             raise ValueError(f"shared_scaler must be true or false, got {shared_scaler!r}")
         if code_transport not in CODE_TRANSPORTS:
@@ -113,40 +138,55 @@ class TernGrad(Compressor):
         return numel < self.fp32_below or any(name == n or name.startswith(n + ".") for n in self.fp32_layers)
 
     # ----------------------------------------------------------------------------------- encoder
-    def clip_tensor(self, x: Tensor) -> Tensor:
-        """``x`` (as float32) clamped to ``[-c*sigma, c*sigma]``, sigma its population std.
+    def _bound(self, x32: Tensor) -> Tensor | None:
+        """``c * sigma`` as a 0-dim tensor (inf when sigma == 0), or None without clipping."""
+        if self.clip is None or x32.numel() == 0:
+            return None
+        sigma = x32.std(unbiased=False)
+        return torch.where(sigma > 0, self.clip * sigma, torch.full_like(sigma, math.inf))
 
-        No-op when ``clip`` is None, and when sigma == 0 (a 1-element or constant tensor: no entry
-        deviates from the mean, and clamping to 0 would erase the gradient). No host synchronisation.
+    def clip_tensor(self, x: Tensor) -> Tensor:
+        """What is ternarized, as float32: ``x`` clamped to ``[-c*sigma, c*sigma]`` with ``clip_at="own"``;
+        ``x`` itself with ``"shared"`` (the scaler clips it) or without clipping.
+
+        The clamp is a no-op when sigma == 0 (a 1-element or constant tensor: no entry deviates from
+        the mean, and clamping to 0 would erase the gradient). No host synchronisation.
         """
         x32 = x.float()
-        if self.clip is None or x32.numel() == 0:
-            return x32
-        sigma = x32.std(unbiased=False)
-        bound = torch.where(sigma > 0, self.clip * sigma, torch.full_like(sigma, math.inf))
-        return torch.clamp(x32, min=-bound, max=bound)
+        bound = self._bound(x32) if self.clip_at == "own" else None
+        return x32 if bound is None else torch.clamp(x32, min=-bound, max=bound)
 
     def scaler(self, x: Tensor) -> Tensor:
-        """The 0-dim float32 scaler this rank would use on its own: ``max |clip(x)|`` (0 if empty)."""
-        g = self.clip_tensor(x)
-        if g.numel() == 0:
+        """The 0-dim float32 scaler this rank would use on its own (0 if empty): ``c * sigma``
+        (``"shared"``; ``max |x|`` when sigma == 0 or without clipping), ``max |clip(x)|`` (``"own"``)."""
+        x32 = x.float()
+        if x32.numel() == 0:
             return torch.zeros((), dtype=torch.float32, device=x.device)
-        return g.abs().amax()
+        if self.clip_at == "shared":
+            bound = self._bound(x32)
+            largest = x32.abs().amax()
+            return largest if bound is None else torch.where(torch.isinf(bound), largest, bound)
+        return self.clip_tensor(x32).abs().amax()
 
     def compress(self, x: Tensor, rng: CompressorRNG, scaler: Tensor | float | None = None) -> Payload:
-        """Ternarize ``x``; ``scaler`` (shared by all ranks) must be >= max|clip(x)|, else ValueError."""
+        """Ternarize ``x``. A given ``scaler`` (shared by all ranks) must be >= this rank's own
+        (:meth:`scaler`), else ValueError: with ``"own"`` the probabilities |g|/s must be <= 1, with
+        ``"shared"`` the shared bound is the largest of the workers'."""
         g_N = self.clip_tensor(x).reshape(-1)
         numel = g_N.numel()
-        own = g_N.abs().amax() if numel else torch.zeros((), dtype=torch.float32, device=g_N.device)
+        if not numel:
+            own = torch.zeros((), dtype=torch.float32, device=g_N.device)
+        else:  # "own": the clamped tensor's max (clamping it again would shrink sigma); "shared": c*sigma of x
+            own = g_N.abs().amax() if self.clip_at == "own" else self.scaler(x)
         if scaler is None:
             s = own
         else:
             s = torch.as_tensor(scaler, dtype=torch.float32).to(g_N.device).reshape(())
-            # One host sync: the Bernoulli probabilities |g| / s must be <= 1 (and s a real number).
+            # One host sync: s must be a real number no smaller than this rank's own scaler.
             if bool(~(s >= 0) | (own > s * (1 + SCALER_SLACK))):
                 raise ValueError(
-                    f"scaler must be >= max|clip(x)| = {own.item():.9g} (probabilities |g|/s must be "
-                    f"<= 1; relative slack {SCALER_SLACK}), got {s.item():.9g}"
+                    f"scaler must be >= this rank's own scaler {own.item():.9g} (the max over ranks; "
+                    f"relative slack {SCALER_SLACK}), got {s.item():.9g}"
                 )
         generator = rng.local
         if generator.device == g_N.device:

@@ -18,10 +18,13 @@ Selectors (``selector`` option):
   counts are all-gathered, then the (padded) indices, then every rank all-reduces its own ``a`` at
   the union. Partition boundaries move one block at a time between adjacent partitions whose last
   counts differ from the mean by more than ``tolerance`` (1.05) in opposite directions, never below
-  ``blocks / (4 W)`` blocks. Online threshold scaling: lambda_0 = 1 / (2 sqrt(k)); then with
-  r = (entries selected last step) / k, lambda x 1.005 if r > 1.1, x 0.995 if r <= 1 / 1.1, and
-  x 1.00125 inside the band (the code's behaviour: its in-band branch never takes the 0.9987 it
-  spells out).
+  ``blocks / (4 W)`` blocks. As the code's ``ExDynaReducer``: the mean count is truncated,
+  ``int(k_prev / W)``; the count a moved block carries is truncated, ``int(block size x k_prev /
+  d)``; the lower edge is the code's literal 0.95238 (``round(1 / tolerance, 5)``). A last step
+  with fewer entries than workers (mean 0, where the code divides by zero) moves nothing. Online
+  threshold scaling: lambda_0 = 1 / (2 sqrt(k)); then with r = (entries selected last step) / k,
+  lambda x 1.005 if r > 1.1, x 0.995 if r <= 0.909 (the code's literal, not 1 / 1.1), and x 1.00125
+  inside the band (the code's behaviour: its in-band branch never takes the 0.9987 it spells out).
 - ``topk``: local exact top-k of |a| per worker, values + int32 indices all-gathered, summed: the
   union grows up to W k when the workers disagree (gradient build-up).
 - ``dgc``: DGC's sampled threshold (``common.compressors.dgc``) on the whole vector, all-gathered.
@@ -66,7 +69,8 @@ SPARSE_OPTIONS: dict[str, Any] = {
     "threshold_init": None,
 }
 BLOCK_MULTIPLE = 32
-SCALE_UP, SCALE_BAND, SCALE_DOWN, BAND = 1.005, 1.00125, 0.995, 1.1  # the code's threshold scaling
+# The code's threshold scaling: up above BAND, down at or below BAND_LOW (its literal 0.909).
+SCALE_UP, SCALE_BAND, SCALE_DOWN, BAND, BAND_LOW = 1.005, 1.00125, 0.995, 1.1, 0.909
 
 
 def check_sparse_options(options: dict[str, Any]) -> dict[str, Any]:
@@ -132,24 +136,22 @@ class Partitions:
         right, an overloaded partition gives one block to an underloaded neighbour. Returns the
         number of moves."""
         total = sum(counts)
-        if total == 0 or self.world == 1:
+        # The code's integers: k_acc = int(k_prev / n), k_move = int(sz_blk * (k_prev / d)).
+        mean = total // self.world
+        if mean == 0 or self.world == 1:
             return 0
-        mean = total / self.world
-        estimate = [float(c) for c in counts]
-        shift = self.block_size * total / self.numel  # the count one block carries, on average
+        estimate = list(counts)
+        shift = int(self.block_size * (total / self.numel))  # the count one block carries, on average
+        low = round(1 / self.tolerance, 5)  # the code's 0.95238 for 1.05
         moves = 0
         for i in range(self.world - 1):
             left, right = estimate[i] / mean, estimate[i + 1] / mean
-            if left > self.tolerance and right < 1 / self.tolerance and self.blocks_of(i) > self.min_blocks:
+            if left > self.tolerance and right < low and self.blocks_of(i) > self.min_blocks:
                 self.bounds[i + 1] -= 1
                 estimate[i] -= shift
                 estimate[i + 1] += shift
                 moves += 1
-            elif (
-                right > self.tolerance
-                and left < 1 / self.tolerance
-                and self.blocks_of(i + 1) > self.min_blocks
-            ):
+            elif right > self.tolerance and left < low and self.blocks_of(i + 1) > self.min_blocks:
                 self.bounds[i + 1] += 1
                 estimate[i] += shift
                 estimate[i + 1] -= shift
@@ -162,7 +164,7 @@ def scale_threshold(threshold: float, selected: int, k: int) -> float:
     ratio = selected / k
     if ratio > BAND:
         return threshold * SCALE_UP
-    if ratio > 1 / BAND:
+    if ratio > BAND_LOW:
         return threshold * SCALE_BAND
     return threshold * SCALE_DOWN
 

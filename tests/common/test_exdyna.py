@@ -191,3 +191,61 @@ def test_config_wants_identity_and_no_outer_error_feedback() -> None:
         RunConfig(**base, compressor="topk", compressor_options={"density": 0.001}).validate()
     with pytest.raises(ValueError, match="set compressor: identity and error_feedback: false"):
         RunConfig(**base, error_feedback=True).validate()
+
+
+def _official_rebalance(blk_part, blk_pos, temp_ks, k_prev, sz_blk, sz_grad, min_blk):
+    """ExDynaReducer.reduce's partition step (kljp/exdyna, gradient_reducers.py), written out."""
+    n = len(blk_part)
+    k_acc = int(k_prev / n)
+    den_acc = k_prev / sz_grad
+    for i in range(n - 1):
+        det = float(temp_ks[i]) / k_acc
+        det2 = float(temp_ks[i + 1]) / k_acc
+        if det > 1.05 and det2 < 0.95238:
+            if blk_part[i] - 1 < min_blk:
+                continue
+            blk_part[i] -= 1
+            blk_part[i + 1] += 1
+            blk_pos[i + 1] -= 1
+            k_move = int(1 * sz_blk * den_acc)
+            temp_ks[i] -= k_move
+            temp_ks[i + 1] += k_move
+        if det < 0.95238 and det2 > 1.05:
+            if blk_part[i + 1] - 1 < min_blk:
+                continue
+            blk_part[i] += 1
+            blk_part[i + 1] -= 1
+            blk_pos[i + 1] += 1
+            k_move = int(1 * sz_blk * den_acc)
+            temp_ks[i] += k_move
+            temp_ks[i + 1] -= k_move
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 8])
+def test_rebalancing_equals_the_official_code_step_for_step(world: int) -> None:
+    numel = 282_072  # the suite's CIFAR net: blocks of 256 (275 x 1,024 rounded down to 32s)
+    parts = Partitions(numel, world)
+    blk_part = [parts.blocks_of(p) for p in range(world)]
+    blk_pos = parts.bounds[:-1]
+    rng = random.Random(world)
+    moves = 0
+    for step in range(3_000):
+        # counts near the mean, with outliers, and some tiny totals (mean truncated to 1 or 2)
+        scale = rng.choice([3, 40, 400])
+        counts = [max(0, int(rng.gauss(scale, scale * rng.choice([0.02, 0.2, 1.0])))) for _ in range(world)]
+        if sum(counts) // world == 0:
+            continue  # the code divides by zero there; ours moves nothing (tested below)
+        _official_rebalance(
+            blk_part, blk_pos, list(counts), sum(counts), parts.block_size, numel, parts.min_blocks
+        )
+        moves += parts.rebalance(counts)
+        assert parts.bounds[:-1] == blk_pos and [parts.blocks_of(p) for p in range(world)] == blk_part, step
+    assert moves > 500  # boundaries really moved, both ways, down to min_blocks
+    assert Partitions(numel, world).rebalance([1] + [0] * (world - 1)) == 0
+
+
+def test_threshold_band_edges_are_the_codes_literals() -> None:
+    # 0.90905 lies above the code's 0.909 (in band: x 1.00125) but below 1 / 1.1 = 0.90909...
+    assert scale_threshold(1.0, 90_905, 100_000) == pytest.approx(1.00125)
+    assert scale_threshold(1.0, 90_900, 100_000) == pytest.approx(0.995)  # 0.909 itself: down, as the code
+    assert scale_threshold(1.0, 11_001, 10_000) == pytest.approx(1.005)

@@ -58,23 +58,51 @@ def test_shape_and_dtype_round_trip():
     assert payload.local == {"numel": 42}
 
 
-def test_clipping_at_c_sigma():
+@pytest.mark.parametrize("clip_at", ["shared", "own"])
+def test_clipping_at_c_sigma(clip_at):
     x = _randn(1000, seed=3)
     sigma0 = float(x.std(unbiased=False))
     x[17] = 100 * sigma0
     # population std by hand, with the outlier in
     mean = sum(x.tolist()) / 1000
     sigma = math.sqrt(sum((v - mean) ** 2 for v in x.tolist()) / 1000)
-    comp = TernGrad(clip=2.5)
+    comp = TernGrad(clip=2.5, clip_at=clip_at)
     assert float(comp.scaler(x)) == pytest.approx(2.5 * sigma, rel=1e-5)
-    assert float(comp.clip_tensor(x).abs().max()) == pytest.approx(2.5 * sigma, rel=1e-5)
+    # "own" clamps before ternarizing; "shared" (the code's) lets the scaler saturate the outlier
+    clipped = float(comp.clip_tensor(x).abs().max())
+    assert clipped == pytest.approx(2.5 * sigma if clip_at == "own" else 100 * sigma0, rel=1e-5)
     out = comp.decompress(comp.compress(x, CompressorRNG(seed=0, rank=0)))
     assert float(out.abs().max()) <= 2.5 * sigma * (1 + 1e-5)
     assert float(out[17]) == pytest.approx(2.5 * sigma, rel=1e-5)  # |g| = s: kept with probability 1
     # no clipping: the scaler is the max
     assert float(TernGrad(clip=None).scaler(x)) == float(x.abs().max())
     # a single element (std 0) is not clipped
-    assert float(TernGrad().scaler(torch.tensor([-3.0]))) == 3.0
+    assert float(TernGrad(clip_at=clip_at).scaler(torch.tensor([-3.0]))) == 3.0
+
+
+def test_shared_rule_clips_every_worker_at_the_shared_bound_and_own_at_its_own():
+    # worker 0 has a small sigma and one outlier; worker 1's sigma is 10x larger
+    small, large = _randn(1000, seed=5) * 0.1, _randn(1000, seed=6)
+    small[0] = 0.5  # 5 of its own sigma, under the other worker's 2.5 sigma
+    for clip_at in ("shared", "own"):
+        comp = TernGrad(clip=2.5, clip_at=clip_at)
+        shared = torch.stack([comp.scaler(small), comp.scaler(large)]).max()
+        draws = torch.stack(
+            [
+                comp.decompress(comp.compress(small, CompressorRNG(seed=s, rank=0), scaler=shared))
+                for s in range(400)
+            ]
+        )
+        mean_outlier = float(draws[:, 0].mean())
+        if clip_at == "shared":  # 0.5 < the shared 2.5 sigma_1: unclipped, unbiased
+            assert mean_outlier == pytest.approx(0.5, rel=0.15)
+        else:  # clamped at worker 0's own 2.5 sigma_0 ~ 0.25
+            assert mean_outlier == pytest.approx(float(2.5 * small.std(unbiased=False)), rel=0.15)
+
+
+def test_unknown_clip_rule_is_named():
+    with pytest.raises(ValueError, match="unknown clip_at 'max'; valid: shared"):
+        TernGrad(clip_at="max")
 
 
 def test_shared_scaler_decode_sum_equals_sum_of_decodes():
@@ -106,9 +134,9 @@ def test_scaler_below_max_is_rejected():
     comp = TernGrad(clip=None)
     x = _randn(100)
     m = float(x.abs().max())
-    with pytest.raises(ValueError, match="scaler must be >= max"):
+    with pytest.raises(ValueError, match="scaler must be >= this rank's own scaler"):
         comp.compress(x, CompressorRNG(0, 0), scaler=0.5 * m)
-    with pytest.raises(ValueError, match="scaler must be >= max"):
+    with pytest.raises(ValueError, match="scaler must be >= this rank's own scaler"):
         comp.compress(x, CompressorRNG(0, 0), scaler=float("nan"))
     comp.compress(x, CompressorRNG(0, 0), scaler=m * (1 - 1e-7))  # float slack is allowed
 
