@@ -78,11 +78,42 @@ def load_params(pipeline: str) -> dict[str, Any]:
     return params
 
 
+FROM_KEY = "from"
+
+
+def run_values(
+    pipeline: str, run: str, scale: str | None = None, *, _seen: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """The flat parameters of ``run``: ``defaults <- scales[scale] <- runs[run]``, or, for a run
+    with ``from: <pipeline>/<run>`` (a paper's ablation of a suite run), that run's parameters at
+    the same scale with this run's other keys on top (this pipeline's defaults and scales do not
+    apply: the recipe is the other run's)."""
+    params = load_params(pipeline)
+    scale = scale or params.get("scale")
+    spec = (params.get("runs") or {}).get(run)
+    if not isinstance(spec, dict) or FROM_KEY not in spec:
+        return compose(params, run, scale)
+    source = spec[FROM_KEY]
+    parts = source.split("/") if isinstance(source, str) else []
+    if len(parts) != 2 or not all(parts):
+        raise ValueError(
+            f"run {run!r}: {FROM_KEY} must be '<pipeline>/<run>', e.g. suite/cifar_fp32, got {source!r}"
+        )
+    if f"{pipeline}/{run}" in _seen or source in _seen:
+        raise ValueError(f"run {run!r}: {FROM_KEY} chain {' -> '.join((*_seen, source))} loops")
+    other, base = parts
+    other_scales = load_params(other).get("scales") or {}
+    values = run_values(
+        other, base, scale if scale in other_scales else None, _seen=(*_seen, f"{pipeline}/{run}")
+    )
+    values.update({k: v for k, v in spec.items() if k != FROM_KEY})
+    return values
+
+
 def run_config(pipeline: str, run: str, scale: str | None = None) -> RunConfig:
     """The validated config of ``run`` in ``pipeline`` (errors name the bad key or value)."""
-    params = load_params(pipeline)
     try:
-        return RunConfig.from_dict(compose(params, run, scale))
+        return RunConfig.from_dict(run_values(pipeline, run, scale))
     except ValueError as error:
         raise ValueError(f"{params_path(pipeline).relative_to(REPO_ROOT)}, run {run!r}: {error}") from None
 

@@ -2,216 +2,271 @@
 
     python -m papers.exdyna.report
 
-Reads ``results/exdyna/runs/<task>/<run>/seed<k>/`` and writes ``results/exdyna/report.md`` and
-``report.json`` (per run: the density actually sent per step against the target, mean, std, min,
-max and over the second half of the run; selection seconds per step and their ratio to top-k's at
-the same task, density and world size; the union of selected indices against k (build-up); the
-load imbalance; bits per step; the final test metric; MLflow run ids) and ``curves.png`` (density
-over steps; selection time against the number of workers).
+ExDyna's runs are the task suite's (``results/suite``: ``<task>_exdyna`` on every task, the suite's
+recipe); the selectors it is compared with, ExDyna with the code's initial threshold and the
+selection-cost runs at W = 2, 4, 8 are this pipeline's (``results/exdyna/runs``). Per run: the
+density actually sent per step against the target (mean, std, range, and over the second half),
+selection seconds per step against top-k's at the same task and W, the union of selected indices
+against k (build-up), the load imbalance, bits per step and the final metric on the whole test split.
+
+The density claim is about a per-step process: it is judged on each task's run (the second half's
+mean within 10 % of the target), and is **reproduced** when it holds on every task, **not
+reproduced** when it fails on every task, inconclusive otherwise. Accuracy against fp32 goes
+through :mod:`common.verdict` like every other claim (one seed: inconclusive by rule).
+Writes ``report.md``, ``report.json`` and ``curves.png``.
 """
 
 from __future__ import annotations
 
-import math
+import argparse
 import statistics
 from pathlib import Path
 from typing import Any
 
+from common.fileio import atomic_write_json, atomic_write_text
+from common.plots import method_color
+from common.verdict import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
+from pipelines.claims import (
+    Runs,
+    claims_table,
+    finite,
+    judge_claim,
+    load_runs,
+    metric_value,
+    no_loss_claim,
+    suite_convergence,
+    suite_tasks,
+    values,
+)
 from pipelines.common import RESULTS_DIR, load_params, quiet_environment
-from pipelines.report import finish_report, save_panels, seed_results
+from pipelines.report import log_report, save_panels
 
 PIPELINE = "exdyna"
-OUT = RESULTS_DIR / PIPELINE
-RUNS = OUT / "runs"
 SELECTORS = {
-    "dense": "dense all-reduce",
-    "exdyna": "ExDyna",
+    "exdyna": "ExDyna (suite)",
     "exdyna_code": "ExDyna, the code's initial threshold",
     "topk": "top-k (all-gather)",
     "dgc": "DGC sampled threshold",
     "threshold": "hard threshold",
     "cltk": "CLT-k",
 }
-TASKS = {"cifar": "small VGG (0.25) / CIFAR-10", "ptb": "2-layer LSTM (64) / Penn Treebank"}
-BAND = 0.10  # "stays at target": the run's mean density within 10 % of it
+BAND = 0.10  # "stays at target": the second half's mean density within 10 % of it
+COST_GROWTH = 1.5  # "near-constant cost": W = 8 within 1.5x of W = 2
 
 
-def _parse(run: str) -> tuple[str, str, str, int | None]:
-    """(task, selector, density label, forced world size or None) from a run name."""
-    parts = run.split("_")
-    task, selector = parts[0], parts[1] + ("_code" if "code" in parts else "")
-    density = "0.01" if "d01" in parts else "0.001"
-    world = next((int(p[1:]) for p in parts[2:] if p.startswith("w")), None)
-    return task, selector, density, world
+def _row(
+    task: str, selector: str, source: str, seed_runs: dict[int, dict[str, Any]], metric: str
+) -> dict[str, Any]:
+    seed = seed_runs[min(seed_runs)]
+    m, steps = seed["metrics"], seed["train"]
+    half = steps[-1]["step"] / 2
+    second_half = [r["density"] for r in steps if "density" in r and r["step"] > half]
+    evaluation = seed["evaluation"]
+    return {
+        "task": task,
+        "selector": selector,
+        "source": source,
+        "world": int(seed["info"]["config"]["world_size"]),
+        "steps": int(m["steps"]),
+        "value": metric_value(evaluation, metric) if evaluation else None,
+        "target": m.get("density_target"),
+        "density_mean": m.get("density_mean"),
+        "density_std": m.get("density_std"),
+        "density_min": m.get("density_min"),
+        "density_max": m.get("density_max"),
+        "density_second_half": statistics.fmean(second_half) if second_half else None,
+        "select_ms": 1e3 * m["select_seconds_mean"] if "select_seconds_mean" in m else None,
+        "buildup": m.get("buildup_mean"),
+        "imbalance": m.get("imbalance_mean"),
+        "bits_per_step": m["bits_per_step"],
+        "compression_factor": m["compression_factor"],
+        "wall_seconds": m["wall_seconds"],
+        "mlflow_run_id": seed["info"]["mlflow_run_id"],
+        "git_sha": seed["info"]["git_sha"],
+        "_train": steps,
+    }
 
 
-def collect() -> list[dict[str, Any]]:
+def collect(suite: Runs, own: Runs) -> list[dict[str, Any]]:
+    tasks = suite_tasks()
     rows = []
-    for run in load_params(PIPELINE)["runs"]:
-        if run.startswith("paper_"):
-            continue
-        seed = seed_results(RUNS, run, PIPELINE)[0]
-        m, config = seed["metrics"], seed["info"]["config"]
-        task, selector, density, _ = _parse(run)
-        metric = "test_perplexity" if task == "ptb" else "test_accuracy"
-        steps = seed["train"]
-        second_half = [r["density"] for r in steps if "density" in r and r["step"] > steps[-1]["step"] / 2]
-        rows.append(
-            {
-                "run": run,
-                "task": task,
-                "selector": selector,
-                "density": density if selector != "dense" else "1",
-                "world": int(config["world_size"]),
-                "metric": metric,
-                "value": m[metric] * (100 if metric == "test_accuracy" else 1),
-                "target": m.get("density_target"),
-                "density_mean": m.get("density_mean"),
-                "density_std": m.get("density_std"),
-                "density_min": m.get("density_min"),
-                "density_max": m.get("density_max"),
-                "density_second_half": statistics.fmean(second_half) if second_half else None,
-                "select_ms": 1e3 * m["select_seconds_mean"] if "select_seconds_mean" in m else None,
-                "union_mean": m.get("union_mean"),
-                "buildup": m.get("buildup_mean"),
-                "imbalance": m.get("imbalance_mean"),
-                "bits_per_step": m["bits_per_step"],
-                "compression_factor": m["compression_factor"],
-                "wall_seconds": m["wall_seconds"],
-                "mlflow_run_id": seed["info"]["mlflow_run_id"],
-                "git_sha": seed["info"]["git_sha"],
-                "_train": steps,
-            }
-        )
-    for row in rows:  # selection cost against top-k's on the same task, density and world size
+    for task, spec in tasks.items():
+        if f"{task}_exdyna" in suite:
+            rows.append(_row(task, "exdyna", "suite", suite[f"{task}_exdyna"], spec["metric"]))
+        for selector in SELECTORS:
+            run = f"{task}_{selector}"
+            if selector != "exdyna" and run in own:
+                rows.append(_row(task, selector, "exdyna", own[run], spec["metric"]))
+        for run, seeds in own.items():  # the cost runs: <task>_<selector>_w<W>
+            head, _, world = run.rpartition("_w")
+            if head.startswith(f"{task}_") and world.isdigit():
+                rows.append(_row(task, head.removeprefix(f"{task}_"), "cost", seeds, spec["metric"]))
+    if not any(r["selector"] == "exdyna" for r in rows):
+        raise SystemExit("error: the suite has no ExDyna runs: dvc repro pipelines/suite/dvc.yaml")
+    for row in rows:  # selection cost against top-k's at the same task, source and world size
         ref = next(
             (
                 r
                 for r in rows
                 if r["selector"] == "topk"
-                and (r["task"], r["density"], r["world"]) == (row["task"], row["density"], row["world"])
+                and (r["task"], r["world"]) == (row["task"], row["world"])
+                and (r["source"] == "cost") == (row["source"] == "cost")
             ),
             None,
         )
         row["select_vs_topk"] = (
-            row["select_ms"] / ref["select_ms"]
-            if ref and row["select_ms"] is not None and ref["select_ms"]
-            else None
+            row["select_ms"] / ref["select_ms"] if ref and row["select_ms"] and ref["select_ms"] else None
         )
     return rows
+
+
+def _overall(holds: list[bool]) -> str:
+    if holds and all(holds):
+        return REPRODUCED
+    if holds and not any(holds):
+        return NOT_REPRODUCED
+    return INCONCLUSIVE
+
+
+def per_step_claims(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The density and cost claims (per-step measurements; one run per task)."""
+    claims = []
+    ex = [r for r in rows if r["selector"] == "exdyna" and r["source"] == "suite"]
+    held = []
+    for r in ex:
+        late = r["density_second_half"] / r["target"]
+        held.append(abs(late - 1) <= BAND)
+        claims.append(
+            {
+                "claim": f"{r['task']}: ExDyna's density within {100 * BAND:.0f} % of the target over the second half",
+                "measured": f"{late:.3f}x the target over steps {r['steps'] // 2}-{r['steps']} "
+                f"(run mean {r['density_mean'] / r['target']:.2f}x, range "
+                f"{r['density_min'] / r['target']:.2f}-{r['density_max'] / r['target']:.2f}x)",
+                "holds": held[-1],
+            }
+        )
+    summary = [{"claim": "density at target on every task", "verdict": _overall(held), "tasks": len(held)}]
+    faster = []
+    for r in (r for r in rows if r["selector"] == "exdyna"):
+        if r["select_vs_topk"] is not None:
+            faster.append(r["select_vs_topk"] < 1)
+            claims.append(
+                {
+                    "claim": f"{r['task']}, W = {r['world']} ({r['source']}): ExDyna selects faster than top-k",
+                    "measured": f"{r['select_ms']:.3f} ms against {r['select_ms'] / r['select_vs_topk']:.3f} ms "
+                    f"per step ({r['select_vs_topk']:.2f}x)",
+                    "holds": faster[-1],
+                }
+            )
+    summary.append(
+        {"claim": "selection faster than top-k", "verdict": _overall(faster), "tasks": len(faster)}
+    )
+    cost = sorted(
+        (r for r in rows if r["selector"] == "exdyna" and r["source"] == "cost"), key=lambda r: r["world"]
+    )
+    if len(cost) > 1:
+        grows = cost[-1]["select_ms"] <= COST_GROWTH * cost[0]["select_ms"]
+        claims.append(
+            {
+                "claim": f"{cost[0]['task']}: ExDyna's selection cost does not grow with W "
+                f"(W = {cost[-1]['world']} within {COST_GROWTH}x of W = {cost[0]['world']})",
+                "measured": ", ".join(f"W = {r['world']}: {r['select_ms']:.3f} ms" for r in cost),
+                "holds": grows,
+            }
+        )
+        summary.append({"claim": "cost flat in W", "verdict": _overall([grows]), "tasks": 1})
+    return claims + summary
+
+
+def accuracy_claims(suite: Runs, own: Runs, converged: dict[str, bool]) -> list[dict[str, Any]]:
+    claims = []
+    for task, spec in suite_tasks().items():
+        if f"{task}_exdyna" not in suite:
+            continue
+        metric, tol = spec["metric"], float(spec["tolerance"])
+        ex = values(suite, f"{task}_exdyna", metric)
+        claims.append(
+            judge_claim(
+                f"{spec['title']}: ExDyna at density 0.001 loses nothing against fp32",
+                ex,
+                values(suite, f"{task}_fp32", metric),
+                no_loss_claim(metric, tol),
+                metric=metric,
+                baseline_converged=converged.get(task, False),
+            )
+        )
+        if f"{task}_topk" in own:
+            claims.append(
+                judge_claim(
+                    f"{spec['title']}: ExDyna matches whole-model top-k",
+                    ex,
+                    values(own, f"{task}_topk", metric),
+                    no_loss_claim(metric, tol),
+                    metric=metric,
+                )
+            )
+    return claims
 
 
 def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def _ratio(row: dict[str, Any], key: str) -> str:
-    value, target = row[key], row["target"]
-    return "-" if value is None or not target else f"{value / target:.2f}"
-
-
-def claims(rows: list[dict[str, Any]]) -> list[str]:
-    out = []
-    ex = [r for r in rows if r["selector"] == "exdyna"]
-    for r in ex:
-        ratio = r["density_mean"] / r["target"]
-        late = r["density_second_half"] / r["target"] if r["density_second_half"] else math.nan
-        ok = abs(late - 1) <= BAND
-        out.append(
-            f"- Density stays at target ({r['task']}, {r['density']}, W = {r['world']}): mean {ratio:.2f}x "
-            f"the target over the run, {late:.2f}x over its second half, step range "
-            f"{r['density_min'] / r['target']:.2f}-{r['density_max'] / r['target']:.2f}x: "
-            f"**{'reproduced' if ok else 'not reproduced'}** (second half within {100 * BAND:.0f} %)."
-        )
-    for r in (r for r in rows if r["selector"] == "exdyna_code"):
-        inside = [
-            p["step"] for p in r["_train"] if "density" in p and abs(p["density"] / r["target"] - 1) <= BAND
-        ]
-        reached = (
-            f"first inside +-{100 * BAND:.0f} % at step {inside[0]:.0f}"
-            if inside
-            else "never inside the band"
-        )
-        out.append(
-            f"- With the code's lambda_0 = 1 / (2 sqrt(k)) ({r['task']}, {r['density']}): density {r['density_mean'] / r['target']:.2f}x "
-            f"the target on average over the run, {r['density_second_half'] / r['target']:.2f}x over its second half; "
-            f"{reached} of {r['_train'][-1]['step']:.0f} (the scaling moves lambda by at most 0.5 % a step)."
-        )
-    scaling = sorted(
-        (r for r in ex if r["task"] == "cifar" and r["density"] == "0.001"), key=lambda r: r["world"]
-    )
-    if len(scaling) > 1:
-        times = ", ".join(f"W = {r['world']}: {r['select_ms']:.3f} ms" for r in scaling)
-        topk = {
-            r["world"]: r["select_ms"]
-            for r in rows
-            if r["selector"] == "topk" and r["task"] == "cifar" and r["density"] == "0.001"
-        }
-        grows = scaling[-1]["select_ms"] <= 1.5 * scaling[0]["select_ms"]
-        out.append(
-            f"- Selection cost stays near constant as W grows (CIFAR, 0.001): ExDyna {times}; top-k "
-            + ", ".join(f"W = {w}: {t:.3f} ms" for w, t in sorted(topk.items()))
-            + f": **{'reproduced' if grows else 'not reproduced'}** (W = {scaling[-1]['world']} within 1.5x of "
-            f"W = {scaling[0]['world']})."
-        )
-    for r in ex:
-        others = [
-            o
-            for o in rows
-            if o["selector"] not in ("exdyna", "exdyna_code", "dense")
-            and (o["task"], o["density"], o["world"]) == (r["task"], r["density"], r["world"])
-        ]
-        if not others:
-            continue
-        faster = all(r["select_ms"] < o["select_ms"] for o in others)
-        listing = ", ".join(f"{SELECTORS[o['selector']]} {o['select_ms']:.3f}" for o in others)
-        out.append(
-            f"- ExDyna selects faster than the baselines ({r['task']}, {r['density']}, W = {r['world']}): "
-            f"{r['select_ms']:.3f} ms/step against {listing}: **{'reproduced' if faster else 'not reproduced'}**."
-        )
-    return out
-
-
-def markdown(rows: list[dict[str, Any]], scale: str) -> str:
+def markdown(
+    rows: list[dict[str, Any]],
+    step_claims: list[dict[str, Any]],
+    acc_claims: list[dict[str, Any]],
+    scale: str,
+) -> str:
+    tasks = suite_tasks()
+    shas = sorted({r["git_sha"] for r in rows})
     out = [
         f"# ExDyna: results at scale `{scale}`\n",
-        "Generated by `python -m papers.exdyna.report` from `results/exdyna/runs/` (gloo ranks, seed 1, 80 "
-        "steps). Density: entries of the aggregated union / all d entries, per step; its mean, std and "
-        "range over the run, and the mean over the second half, as multiples of the target. Select: "
-        "seconds per step of the selection alone (rank 0), and against top-k's on the same task, density "
-        "and W. Union / k: the aggregated entries against the target k (top-k's build-up reaches W). "
-        "Imbalance: W max_i k_i / sum_i k_i - 1 (the padding an all-gather of indices pays). Bits: "
-        "what rank 0 handed to collectives per step, counted from the wire tensors.\n",
+        "Generated by `python -m papers.exdyna.report` from the suite's ExDyna runs (`results/suite/`) and this "
+        f"pipeline's (`results/exdyna/runs/`), seed 0, the suite's recipe; runs at git {', '.join(shas)}. "
+        "Density: entries of the aggregated union / all d entries, per step; its mean, std and range over the "
+        "run, and the mean over the second half, as multiples of the target. Select: seconds per step of the "
+        "selection alone (rank 0), and against top-k's at the same task and W. Union / k: the aggregated entries "
+        "against the target k (top-k's build-up reaches W). Imbalance: W max_i k_i / sum_i k_i - 1 (the padding "
+        "an all-gather of indices pays). Metric: the whole test split (accuracy %, or test loss in nats).\n",
+        "## Density and cost (per-step measurements, one run per task)\n",
+        "| claim | measured | holds |",
+        "|---|---|---|",
     ]
-    for (task, world), title in (
-        *(((t, 4), f"{name}, W = 4") for t, name in TASKS.items()),
-        (("cifar", 2), f"{TASKS['cifar']}, W = 2"),
-        (("cifar", 8), f"{TASKS['cifar']}, W = 8"),
-    ):
-        task_rows = [r for r in rows if r["task"] == task and r["world"] == world]
+    for c in step_claims:
+        if "holds" in c:
+            out.append(f"| {c['claim']} | {c['measured']} | {'yes' if c['holds'] else '**no**'} |")
+    out += ["", "| overall | runs | verdict |", "|---|---:|---|"]
+    for c in step_claims:
+        if "verdict" in c:
+            out.append(f"| {c['claim']} | {c['tasks']} | **{c['verdict']}** |")
+    out += ["\n## Accuracy\n", claims_table(acc_claims)]
+    for task, spec in tasks.items():
+        task_rows = [r for r in rows if r["task"] == task]
         if not task_rows:
             continue
-        label = "perplexity" if task == "ptb" else "accuracy (%)"
+        label = "accuracy (%)" if spec["metric"] == "accuracy" else "test loss"
         out += [
-            f"\n## {title}\n",
-            f"| selector | density | {label} | density / target: mean ± std (range) | second half "
-            "| select (ms) | vs top-k | union / k | imbalance | bits / step | MLflow run id |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+            f"\n## {spec['title']}\n",
+            f"| selector | W | steps | {label} | density / target: mean ± std (range) | second half | select (ms) "
+            "| vs top-k | union / k | imbalance | bits / step | MLflow run id |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
         ]
         for r in task_rows:
+            t = r["target"]
             spread = (
                 "-"
-                if r["target"] is None
-                else f"{r['density_mean'] / r['target']:.2f} ± {r['density_std'] / r['target']:.2f} "
-                f"({r['density_min'] / r['target']:.2f}-{r['density_max'] / r['target']:.2f})"
+                if not t
+                else f"{r['density_mean'] / t:.2f} ± {r['density_std'] / t:.2f} "
+                f"({r['density_min'] / t:.2f}-{r['density_max'] / t:.2f})"
             )
+            late = f"{r['density_second_half'] / t:.2f}" if t and r["density_second_half"] else "-"
+            value = _fmt(r["value"], ".2f" if spec["metric"] == "accuracy" else ".4f")
             out.append(
-                f"| {SELECTORS[r['selector']]} | {r['density']} | {r['value']:.2f} | {spread} "
-                f"| {_ratio(r, 'density_second_half')} | {_fmt(r['select_ms'], '.3f')} "
-                f"| {_fmt(r['select_vs_topk'], '.2f')} | {_fmt(r['buildup'], '.2f')} | {_fmt(r['imbalance'], '.2f')} "
-                f"| {r['bits_per_step']:,.0f} | `{r['mlflow_run_id']}` |"
+                f"| {SELECTORS[r['selector']]} | {r['world']} | {r['steps']} | {value} | {spread} | {late} "
+                f"| {_fmt(r['select_ms'], '.3f')} | {_fmt(r['select_vs_topk'], '.2f')} | {_fmt(r['buildup'], '.2f')} "
+                f"| {_fmt(r['imbalance'], '.2f')} | {r['bits_per_step']:,.0f} | `{r['mlflow_run_id']}` |"
             )
-    out += ["\n## The claims\n", *claims(rows)]
     return "\n".join(out) + "\n"
 
 
@@ -221,44 +276,81 @@ def plot_curves(rows: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [(t, d) for t in TASKS for d in ("0.001", "0.01")]
-    fig, axes = plt.subplots(1, len(panels) + 1, figsize=(5 * (len(panels) + 1), 4.2), squeeze=False)
-    for ax, (task, density) in zip(axes[0], panels, strict=False):
+    tasks = [t for t in suite_tasks() if any(r["task"] == t and r["source"] != "cost" for r in rows)]
+    fig, axes = plt.subplots(1, len(tasks) + 1, figsize=(5 * (len(tasks) + 1), 4.2), squeeze=False)
+    for ax, task in zip(axes[0], tasks, strict=False):
         for r in rows:
-            if (r["task"], r["density"], r["world"]) != (task, density, 4) or r["target"] is None:
+            if r["task"] != task or r["source"] == "cost" or not r["target"]:
                 continue
-            steps = [p["step"] for p in r["_train"] if "density" in p]
+            points = [p for p in r["_train"] if "density" in p]
             ax.plot(
-                steps,
-                [p["density"] / r["target"] for p in r["_train"] if "density" in p],
+                [p["step"] for p in points],
+                [p["density"] / r["target"] for p in points],
                 label=SELECTORS[r["selector"]],
+                color=method_color(r["selector"]),
             )
         ax.axhline(1.0, color="black", lw=0.8)
+        ax.axhspan(1 - BAND, 1 + BAND, color="grey", alpha=0.15)
         ax.set_yscale("log")
-        ax.set(
-            title=f"{TASKS[task]}, density {density}, W = 4", xlabel="step", ylabel="density sent / target"
-        )
+        ax.set(title=f"{suite_tasks()[task]['title']}, W = 2", xlabel="step", ylabel="density sent / target")
     ax = axes[0][-1]
-    for selector, label in SELECTORS.items():
+    for selector in ("exdyna", "topk"):
         points = sorted(
-            (r["world"], r["select_ms"])
-            for r in rows
-            if r["selector"] == selector
-            and r["task"] == "cifar"
-            and r["density"] == "0.001"
-            and r["select_ms"]
+            (r["world"], r["select_ms"]) for r in rows if r["selector"] == selector and r["source"] == "cost"
         )
-        if len(points) > 1:
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
-    ax.set(title="selection time against W (CIFAR, 0.001)", xlabel="workers W", ylabel="ms per step (rank 0)")
+        if points:
+            ax.plot(
+                [p[0] for p in points],
+                [p[1] for p in points],
+                marker="o",
+                label=SELECTORS[selector],
+                color=method_color(selector),
+            )
+    ax.set(
+        title="selection time against W (1.09M-parameter LSTM)",
+        xlabel="workers W",
+        ylabel="ms per step (rank 0)",
+    )
     ax.set_xscale("log", base=2)
     save_panels(fig, axes, path)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--suite", default=str(RESULTS_DIR / "suite"), help="the suite's results folder")
+    parser.add_argument("--root", default=str(RESULTS_DIR / PIPELINE), help="this pipeline's results folder")
+    args = parser.parse_args(argv)
     quiet_environment()
-    rows = collect()
-    finish_report(PIPELINE, rows, markdown(rows, load_params(PIPELINE)["scale"]), plot_curves, "value")
+    suite_root, out = Path(args.suite), Path(args.root)
+    suite, own = load_runs(suite_root), load_runs(out, require_evaluation=False)
+    rows = collect(suite, own)
+    step_claims = per_step_claims(rows)
+    acc_claims = accuracy_claims(
+        suite,
+        {r: s for r, s in own.items() if all(x["evaluation"] for x in s.values())},
+        suite_convergence(suite_root),
+    )
+    scale = load_params(PIPELINE)["scale"]
+    text = markdown(rows, step_claims, acc_claims, scale)
+    atomic_write_text(out / "report.md", text)
+    public = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
+    atomic_write_json(
+        out / "report.json",
+        finite(
+            {
+                "pipeline": PIPELINE,
+                "scale": scale,
+                "claims": acc_claims,
+                "per_step_claims": step_claims,
+                "rows": public,
+            }
+        ),
+    )
+    plot_curves(rows, out / "curves.png")
+    log_report(PIPELINE, [out / "report.md", out / "report.json", out / "curves.png"])
+    print(text)
 
 
 if __name__ == "__main__":

@@ -1,20 +1,28 @@
-"""The leaderboard: every method, same model and data, 4 workers over shaped links, side by side.
+"""The leaderboard: every method of the task suite, time to fp32's converged metric, per link rate.
 
     python -m pipelines.leaderboard                 (the root dvc.yaml's ``leaderboard`` stage)
-    python -m pipelines.leaderboard --report-only   (rebuild the tables from the runs on disk)
+    python -m pipelines.leaderboard --report-only   (rebuild the report from the runs on disk)
 
-Methods are the runs of ``pipelines/leaderboard/params.yaml``: the shared library's in
-``methods/common.yaml`` and one ``methods/<paper>.yaml`` per paper module, so a paper joins by
-adding its file. Each method runs once per bandwidth of ``stage.bandwidths`` through
-``pipelines.launch --net-bandwidth`` (one network namespace per rank, tc-shaped links) into
-``results/leaderboard/<bandwidth>/<method>/``, logged to MLflow (experiment ``leaderboard``).
+Methods and recipes are the task suite's (``pipelines/suite``): ``<task>_<method>`` runs, 2 ranks.
+The target on a task: fp32's final evaluation (the curve's own evaluation set, mean over the suite's
+seeds) less ``stage.target`` (0.5 accuracy points, or ln 1.02 nats of test loss: +2 % perplexity);
+a run's time to target is its training seconds (evaluations excluded) at the first evaluation
+reaching it.
 
-The report (``results/leaderboard/report.{md,json}``, ``leaderboard.png``) gives per bandwidth:
-final accuracy, training time to reach the baseline's final accuracy less ``target_slack``, the
-speed-up of that time over the baseline's, step time, bits per step and the compression factor
-measured on the wire; the cost model's prediction of each run's step time (a check on runs the
-fit never saw); and an extrapolation of every method to 64-512 workers at 10-100 Gbit/s with the
-calibrated parameters (``results/costmodel/fit.json``).
+- **Measured** on ``stage.measured_task`` (the small-vision task): each method's suite run (seed 0,
+  the suite's recipe) trained again at every rate of ``stage.bandwidths``, one network namespace per
+  rank behind tc-shaped links (``pipelines.launch --net-bandwidth``), into
+  ``results/leaderboard/measured/<rate>/``. Same seed and code as the suite's run, so the same
+  trajectory; only the clock differs.
+- **Modelled** on every task: ``steps to target x (per-step compute + comm(ops, W, rate))``, from
+  the suite run's own measurements (the slowest rank's non-communication seconds per step,
+  compression included; the bytes each collective carried per step) through the cost model
+  calibrated over shaped links (``results/costmodel/fit.json``, the root ``calibrate`` stage).
+- **Spot checks** (``stage.spot_checks``, ``<run>@<rate>``): runs of the modelled tasks measured over
+  shaped links too, into ``results/leaderboard/spot/<rate>/``, against their modelled time (error).
+
+Writes ``results/leaderboard/report.{md,json}`` and ``leaderboard.png``, and, with the cost model,
+an extrapolation of the measured task's methods to 64-512 workers.
 """
 
 from __future__ import annotations
@@ -31,45 +39,90 @@ from pathlib import Path
 from typing import Any
 
 from common import costmodel, netem
-from common.fileio import atomic_write, atomic_write_json, atomic_write_text
-from pipelines.common import RESULTS_DIR, load_params, quiet_environment, run_config, setup_logging
-from pipelines.report import read_csv
+from common.fileio import atomic_write_json, atomic_write_text
+from common.plots import method_color
+from pipelines.claims import Runs, finite, load_runs, suite_tasks
+from pipelines.common import RESULTS_DIR, load_params, quiet_environment, setup_logging
+from pipelines.report import log_report, read_csv, save_panels
 
 PIPELINE = "leaderboard"
 OUT = RESULTS_DIR / PIPELINE
+SUITE = RESULTS_DIR / "suite"
 FIT = RESULTS_DIR / "costmodel" / "fit.json"
 log = logging.getLogger(PIPELINE)
 
 
-def stage_settings(scale: str | None) -> tuple[dict[str, Any], list[str]]:
-    params = load_params(PIPELINE)
-    stage = dict(params.get("stage") or {})
-    methods = list(params["runs"])
-    baseline = stage.get("baseline", "fp32")
-    if baseline not in methods:
-        raise ValueError(f"stage.baseline {baseline!r} is not a method; methods: {', '.join(methods)}")
-    for method in methods:
-        run_config(PIPELINE, method, scale)  # a bad method file fails before anything runs
-    for rate in stage.get("bandwidths") or []:
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    tasks: list[str]
+    methods: list[str]
+    measured_task: str
+    bandwidths: list[str]
+    spot_checks: list[tuple[str, str]]  # (run, rate)
+    accuracy_points: float
+    loss_nats: float
+    extrapolation: dict[str, Any]
+
+
+def settings(suite_runs: list[str], overrides: dict[str, Any] | None = None) -> Settings:
+    """The stage's settings (``overrides`` on top: the command line's), checked against the suite's
+    runs, so a typo fails before anything runs."""
+    stage = dict(load_params(PIPELINE).get("stage") or {})
+    stage.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    tasks = list(stage.get("tasks") or suite_tasks())
+    unknown = sorted(set(tasks) - set(suite_tasks()))
+    if unknown:
+        raise ValueError(
+            f"stage.tasks: unknown task(s) {', '.join(unknown)}; the suite's: {', '.join(suite_tasks())}"
+        )
+    methods = list(stage.get("methods") or [])
+    for task in tasks:
+        missing = [m for m in methods if f"{task}_{m}" not in suite_runs]
+        if missing:
+            raise ValueError(f"stage.methods {', '.join(missing)} have no {task}_<method> run in the suite")
+    if "fp32" not in methods:
+        raise ValueError("stage.methods must include fp32 (the target is fp32's converged metric)")
+    measured = str(stage.get("measured_task", tasks[0]))
+    if measured not in tasks:
+        raise ValueError(f"stage.measured_task {measured!r} is not among stage.tasks ({', '.join(tasks)})")
+    rates = [str(r) for r in stage.get("bandwidths") or []]
+    for rate in rates:
         costmodel.parse_rate(rate)
-    return stage, methods
-
-
-def run_path(rate: str, method: str) -> Path:
-    return OUT / rate / method
+    spots = []
+    for item in stage.get("spot_checks") or []:
+        run, _, rate = str(item).partition("@")
+        if run not in suite_runs or not rate:
+            raise ValueError(
+                f"stage.spot_checks {item!r}: expected <suite run>@<rate>, e.g. cifar_fp32@100mbit"
+            )
+        costmodel.parse_rate(rate)
+        spots.append((run, rate))
+    target = dict(stage.get("target") or {})
+    return Settings(
+        tasks=tasks,
+        methods=methods,
+        measured_task=measured,
+        bandwidths=rates,
+        spot_checks=spots,
+        accuracy_points=float(target.get("accuracy_points", 0.5)),
+        loss_nats=float(target.get("loss_nats", math.log(1.02))),
+        extrapolation=dict(stage.get("extrapolation") or {}),
+    )
 
 
 # -- running -----------------------------------------------------------------------------------------
 
 
-def run_method(method: str, rate: str, scale: str | None) -> None:
-    out = run_path(rate, method)
-    # Always a fresh measurement: a complete checkpoint from an earlier code version would be resumed.
-    shutil.rmtree(out / "ckpt", ignore_errors=True)
-    command = [sys.executable, "-m", "pipelines.launch", PIPELINE, method, "--net-bandwidth", rate]
-    command += ["--out", str(out), "--run-name", f"{method}@{rate}"]
+def launch_shaped(runs: list[str], rate: str, out: Path, scale: str | None) -> None:
+    """The suite's ``runs`` (seed 0) in one launch over links shaped to ``rate``, into ``out``."""
+    # Always a fresh measurement: a complete checkpoint from an earlier code version is never resumed,
+    # but a partial one would be; the folder is this stage's own output.
+    for run in runs:
+        shutil.rmtree(out / run / "seed0" / "ckpt", ignore_errors=True)
+    command = [sys.executable, "-m", "pipelines.launch", "suite", ",".join(runs), "--seeds", "0"]
+    command += ["--net-bandwidth", rate, "--out", str(out)]
     command += ["--scale", scale] if scale else []
-    log.info("%s at %s", method, rate)
+    log.info("%s at %s", ",".join(runs), rate)
     process = subprocess.Popen(command)
     try:
         code = process.wait()
@@ -78,114 +131,166 @@ def run_method(method: str, rate: str, scale: str | None) -> None:
         process.wait()
         raise
     if code != 0:
-        raise SystemExit(f"leaderboard run {method} at {rate} failed (exit {code}); earlier runs are kept")
+        raise SystemExit(
+            f"leaderboard runs {', '.join(runs)} at {rate} failed (exit {code}); earlier runs are kept"
+        )
 
 
 # -- reporting ---------------------------------------------------------------------------------------
 
 
-def time_to(eval_rows: list[dict[str, float]], target: float) -> float:
-    """Training seconds at the first evaluation reaching ``target`` accuracy (nan if never)."""
-    for row in eval_rows:
-        if row["test_accuracy"] >= target:
-            return row["wall_seconds"]
-    return math.nan
+def _curve_value(row: dict[str, float], metric: str) -> float:
+    return 100 * row["test_accuracy"] if metric == "accuracy" else row["test_loss"]
 
 
-def profile(method: str, metrics: dict[str, Any], run: dict[str, Any]) -> costmodel.MethodProfile:
+def first_reach(evals: list[dict[str, float]], target: float, metric: str) -> dict[str, float] | None:
+    """The first evaluation at or past ``target`` (accuracy: >=, loss: <=), or None."""
+    for row in evals:
+        value = _curve_value(row, metric)
+        if (value >= target) if metric == "accuracy" else (value <= target):
+            return row
+    return None
+
+
+def profile(name: str, metrics: dict[str, Any], info: dict[str, Any]) -> costmodel.MethodProfile:
+    """Per-step compute (slowest rank, compression split out) and traffic of a run."""
     steps = metrics["steps"]
     compress = (metrics["compress_seconds"] + metrics["decompress_seconds"]) / steps
     return costmodel.MethodProfile(
-        name=method,
+        name=name,
         compute_seconds=max(metrics["sync_compute_seconds"] / steps - compress, 0.0),
         compress_seconds=compress,
-        ops={op: (c, b) for op, (c, b) in run["comm_ops_per_step"].items()},
+        ops={op: (c, b) for op, (c, b) in info["comm_ops_per_step"].items()},
         p_measured=int(metrics["world_size"]),
     )
 
 
-def collect(stage: dict[str, Any], methods: list[str]) -> dict[str, Any]:
-    params = costmodel.LinkParams(**json.loads(FIT.read_text())["params"]) if FIT.exists() else None
-    baseline = stage.get("baseline", "fp32")
-    if baseline not in methods:
+def modelled_step(prof: costmodel.MethodProfile, rate: str, params: costmodel.LinkParams) -> float:
+    sample = costmodel.StepSample(
+        p=prof.p_measured,
+        rate_bps=costmodel.parse_rate(rate),
+        ops=prof.ops,
+        comm_seconds=0.0,
+        compute_seconds=prof.compute_seconds + prof.compress_seconds,
+    )
+    return costmodel.step_time(sample, params)
+
+
+def targets(suite: Runs, cfg: Settings) -> dict[str, float]:
+    """task -> fp32's final curve value (mean over its seeds) less the slack."""
+    out = {}
+    for task in cfg.tasks:
+        metric = suite_tasks()[task]["metric"]
+        finals = [_curve_value(r["eval"][-1], metric) for r in suite[f"{task}_fp32"].values()]
+        mean = sum(finals) / len(finals)
+        out[task] = mean - cfg.accuracy_points if metric == "accuracy" else mean + cfg.loss_nats
+    return out
+
+
+def _measured_row(folder: Path, target: float, metric: str) -> dict[str, Any]:
+    if not (folder / "metrics.json").exists():
         raise SystemExit(
-            f"the report needs the baseline {baseline!r} among the methods: {', '.join(methods)}"
+            f"error: no measured run in {folder}: run the leaderboard (python -m pipelines.leaderboard)"
         )
-    slack = float(stage.get("target_slack", 0.005))
-    tables: dict[str, list[dict[str, Any]]] = {}
-    curves: dict[str, dict[str, list[dict[str, float]]]] = {}
-    for rate in stage["bandwidths"]:
-        rows, curves[rate] = [], {}
-        for method in methods:
-            folder = run_path(rate, method)
-            if not (folder / "metrics.json").exists():
-                raise SystemExit(f"{method} at {rate} has no results in {folder}: run the leaderboard first")
-            metrics = json.loads((folder / "metrics.json").read_text())
-            run = json.loads((folder / "run.json").read_text())
-            evals = read_csv(folder / "eval_curve.csv")
-            curves[rate][method] = evals
-            steps = metrics["steps"]
-            row = {
-                "method": method,
-                "network": run.get("network", "host"),
-                "test_accuracy": metrics["test_accuracy"],
-                "wall_seconds": metrics["wall_seconds"],
-                "step_ms": 1e3 * metrics["wall_seconds"] / steps,
-                "bits_per_step": metrics["bits_per_step"],
-                "compression_factor": metrics["compression_factor"],
-                "mlflow_run_id": run["mlflow_run_id"],
-                "git_sha": run["git_sha"],
-                "_evals": evals,
+    metrics = json.loads((folder / "metrics.json").read_text())
+    info = json.loads((folder / "run.json").read_text())
+    reached = first_reach(read_csv(folder / "eval_curve.csv"), target, metric)
+    return {
+        "measured_seconds": reached["wall_seconds"] if reached else math.nan,
+        "measured_step_ms": 1e3 * metrics["wall_seconds"] / metrics["steps"],
+        "measured_run_id": info["mlflow_run_id"],
+        "network": info.get("network", "host"),
+    }
+
+
+def collect(
+    cfg: Settings, suite: Runs, params: costmodel.LinkParams | None, out: Path = OUT
+) -> dict[str, Any]:
+    goal = targets(suite, cfg)
+    rows: list[dict[str, Any]] = []
+    for task in cfg.tasks:
+        metric = suite_tasks()[task]["metric"]
+        for method in cfg.methods:
+            seed = suite[f"{task}_{method}"][0]
+            reached = first_reach(seed["eval"], goal[task], metric)
+            prof = profile(f"{task}_{method}", seed["metrics"], seed["info"])
+            for rate in cfg.bandwidths:
+                row: dict[str, Any] = {
+                    "task": task,
+                    "method": method,
+                    "rate": rate,
+                    "target": goal[task],
+                    "steps_to_target": reached["step"] if reached else None,
+                    "bits_per_step": seed["metrics"]["bits_per_step"],
+                    "compression_factor": seed["metrics"]["compression_factor"],
+                    "compute_ms": 1e3 * (prof.compute_seconds + prof.compress_seconds),
+                    "suite_run_id": seed["info"]["mlflow_run_id"],
+                }
+                if params is not None:
+                    step = modelled_step(prof, rate, params)
+                    row["modelled_step_ms"] = 1e3 * step
+                    row["modelled_seconds"] = reached["step"] * step if reached else math.nan
+                if task == cfg.measured_task:
+                    row |= _measured_row(
+                        out / "measured" / rate / f"{task}_{method}" / "seed0", goal[task], metric
+                    )
+                rows.append(row)
+    for row in rows:  # speed-up over fp32 at the same task and rate, measured where measured
+        base = next(
+            r for r in rows if (r["task"], r["rate"], r["method"]) == (row["task"], row["rate"], "fp32")
+        )
+        key = "measured_seconds" if "measured_seconds" in row else "modelled_seconds"
+        if key in row:
+            row["speedup"] = base[key] / row[key]
+    spots = []
+    for run, rate in cfg.spot_checks:
+        task = run.split("_", 1)[0]
+        metric = suite_tasks()[task]["metric"]
+        measured = _measured_row(out / "spot" / rate / run / "seed0", goal[task], metric)
+        modelled = next((r for r in rows if f"{r['task']}_{r['method']}" == run and r["rate"] == rate), None)
+        if modelled is None or "modelled_seconds" not in modelled:
+            continue
+        spots.append(
+            {
+                "run": run,
+                "rate": rate,
+                **measured,
+                "modelled_seconds": modelled["modelled_seconds"],
+                "modelled_step_ms": modelled["modelled_step_ms"],
+                "error_step": modelled["modelled_step_ms"] / measured["measured_step_ms"] - 1,
+                "error_time": modelled["modelled_seconds"] / measured["measured_seconds"] - 1,
             }
-            if params is not None:
-                prof = profile(method, metrics, run)
-                sample = costmodel.StepSample(
-                    p=prof.p_measured,
-                    rate_bps=costmodel.parse_rate(rate),
-                    ops=prof.ops,
-                    comm_seconds=0.0,
-                    compute_seconds=prof.compute_seconds + prof.compress_seconds,
-                )
-                row["modelled_step_ms"] = 1e3 * costmodel.step_time(sample, params)
-            rows.append(row)
-        base = next(r for r in rows if r["method"] == baseline)
-        target = base["test_accuracy"] - slack
-        base_time = time_to(base["_evals"], target)
-        for row in rows:
-            row["target_accuracy"] = target
-            row["time_to_target"] = time_to(row.pop("_evals"), target)
-            row["speedup_to_target"] = base_time / row["time_to_target"]
-        tables[rate] = rows
+        )
+    for row in (r for r in rows if "measured_step_ms" in r and "modelled_step_ms" in r):
+        row["error_step"] = row["modelled_step_ms"] / row["measured_step_ms"] - 1
     extrapolation: list[dict[str, Any]] = []
-    fitted = params
+    used = params
     if params is not None:
-        ext = stage.get("extrapolation") or {}
-        first = stage["bandwidths"][0]
+        if cfg.extrapolation.get("alpha_us") is not None:  # an assumed cluster latency (params.yaml)
+            used = dataclasses.replace(params, alpha=float(cfg.extrapolation["alpha_us"]) * 1e-6)
         profiles = [
             profile(
                 m,
-                json.loads((run_path(first, m) / "metrics.json").read_text()),
-                json.loads((run_path(first, m) / "run.json").read_text()),
+                suite[f"{cfg.measured_task}_{m}"][0]["metrics"],
+                suite[f"{cfg.measured_task}_{m}"][0]["info"],
             )
-            for m in methods
+            for m in cfg.methods
         ]
-        fitted = params
-        if ext.get("alpha_us") is not None:  # an assumed cluster latency (see params.yaml)
-            params = dataclasses.replace(params, alpha=float(ext["alpha_us"]) * 1e-6)
         extrapolation = costmodel.extrapolate(
             profiles,
-            params,
-            workers=[int(w) for w in ext.get("workers", (64, 128, 256, 512))],
-            rates=[costmodel.parse_rate(r) for r in ext.get("bandwidths", ("10gbit", "25gbit", "100gbit"))],
+            used,
+            workers=[int(w) for w in cfg.extrapolation.get("workers", (64, 128, 256, 512))],
+            rates=[
+                costmodel.parse_rate(r)
+                for r in cfg.extrapolation.get("bandwidths", ("10gbit", "25gbit", "100gbit"))
+            ],
         )
     return {
-        "extrapolation_params": dataclasses.asdict(params) if params is not None else None,
-        "fitted_params": dataclasses.asdict(fitted) if params is not None else None,
-        "baseline": baseline,
-        "target_slack": slack,
-        "tables": tables,
-        "curves": curves,
-        "fit": json.loads(FIT.read_text()) if FIT.exists() else None,
+        "targets": goal,
+        "rows": rows,
+        "spot_checks": spots,
+        "fitted_params": dataclasses.asdict(params) if params is not None else None,
+        "extrapolation_params": dataclasses.asdict(used) if used is not None else None,
         "extrapolation": extrapolation,
     }
 
@@ -196,135 +301,176 @@ def _fmt(value: Any, spec: str) -> str:
     return format(value, spec)
 
 
-def markdown(result: dict[str, Any], scale: str) -> str:
+def markdown(result: dict[str, Any], cfg: Settings, scale: str, shas: list[str]) -> str:
+    tasks = suite_tasks()
     out = [
         f"# Leaderboard (scale `{scale}`)\n",
-        "Every method on the same model and data (`pipelines/leaderboard/params.yaml`), 4 gloo workers, each in "
-        "its own network namespace behind a tc-shaped link of the given rate in both directions. "
-        "Generated by `python -m pipelines.leaderboard`; every number comes from the runs' files.\n",
-        f"Target: the {result['baseline']} run's final test accuracy less "
-        f"{100 * result['target_slack']:.1f} points, at the same bandwidth. Time = training wall-clock "
-        "(evaluation excluded) at the first evaluation reaching it; — = not reached.\n",
+        "Every method of the task suite on its recipes, 2 gloo ranks. Generated by `python -m pipelines.leaderboard` "
+        f"from the suite's runs (git {', '.join(shas)}) and the leaderboard's own shaped runs; every number comes "
+        "from the runs' files.\n",
+        f"Target: fp32's final evaluation less {cfg.accuracy_points} points (accuracy) or plus {cfg.loss_nats:.4f} "
+        "nats of test loss (+2 % perplexity), on the curves' own evaluation set, mean over the suite's seeds. "
+        "Time to target: training seconds (evaluations excluded) at the first evaluation reaching it; — = not "
+        "reached. **measured**: trained over tc-shaped links (one namespace per rank). **modelled**: steps to "
+        "target x (the run's measured compute per step + the calibrated cost model's communication time for its "
+        "counted bytes at that rate).\n",
     ]
-    for rate, rows in result["tables"].items():
-        out.append(f"\n## {costmodel.format_rate(costmodel.parse_rate(rate))}\n")
+    for task in cfg.tasks:
+        spec = tasks[task]
         out.append(
-            "| method | final accuracy (%) | time to target (s) | speed-up | train wall (s) | step (ms) "
-            "| modelled step (ms) | bits / step / rank | compression (x) | MLflow run id |"
+            f"\n## {spec['title']} (target {_fmt(result['targets'][task], '.4f' if spec['metric'] == 'loss' else '.2f')})\n"
         )
-        out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
-        for r in sorted(rows, key=lambda r: (math.isnan(r["time_to_target"]), r["time_to_target"])):
-            out.append(
-                f"| {r['method']} | {100 * r['test_accuracy']:.2f} | {_fmt(r['time_to_target'], '.1f')} "
-                f"| {_fmt(r['speedup_to_target'], '.2f')}x | {r['wall_seconds']:.1f} | {r['step_ms']:.1f} "
-                f"| {_fmt(r.get('modelled_step_ms'), '.1f')} | {r['bits_per_step']:,.0f} "
-                f"| {_fmt(r['compression_factor'], '.1f')} | `{r['mlflow_run_id']}` |"
+        measured = task == cfg.measured_task
+        head = "| method | rate | steps to target | "
+        head += "time to target, measured (s) | " if measured else ""
+        head += "time to target, modelled (s) | speed-up vs fp32 | step ms: "
+        head += "measured / modelled (error) |" if measured else "modelled |"
+        out.append(head + " compute ms / step | bits / step / rank | compression (x) |")
+        out.append("|---|---|---:|" + ("---:|" if measured else "") + "---:|---:|---:|---:|---:|---:|")
+        rows = [r for r in result["rows"] if r["task"] == task]
+        for rate in cfg.bandwidths:
+            ranked = sorted(
+                (r for r in rows if r["rate"] == rate),
+                key=lambda r: (not math.isfinite(r.get("speedup", math.nan)), -r.get("speedup", 0.0)),
             )
-        target = rows[0]["target_accuracy"]
-        out.append(f"\nTarget accuracy: {100 * target:.2f}%.")
+            for r in ranked:
+                cells = [
+                    r["method"],
+                    costmodel.format_rate(costmodel.parse_rate(rate)),
+                    _fmt(r["steps_to_target"], ".0f"),
+                ]
+                if measured:
+                    cells.append(_fmt(r.get("measured_seconds"), ".1f"))
+                cells += [_fmt(r.get("modelled_seconds"), ".1f"), f"{_fmt(r.get('speedup'), '.2f')}x"]
+                if measured:
+                    cells.append(
+                        f"{_fmt(r.get('measured_step_ms'), '.1f')} / {_fmt(r.get('modelled_step_ms'), '.1f')} "
+                        f"({_fmt(100 * r['error_step'] if 'error_step' in r else None, '+.0f')} %)"
+                    )
+                else:
+                    cells.append(_fmt(r.get("modelled_step_ms"), ".1f"))
+                cells += [
+                    f"{r['compute_ms']:.1f}",
+                    f"{r['bits_per_step']:,.0f}",
+                    _fmt(r["compression_factor"], ".1f"),
+                ]
+                out.append("| " + " | ".join(cells) + " |")
+    if result["spot_checks"]:
+        out += [
+            "\n## Spot checks: the model against runs measured over shaped links\n",
+            "| run | rate | measured step (ms) | modelled step (ms) | error | measured time to target (s) "
+            "| modelled (s) | error | MLflow run id |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---|",
+        ]
+        for s in result["spot_checks"]:
+            out.append(
+                f"| {s['run']} | {costmodel.format_rate(costmodel.parse_rate(s['rate']))} | {s['measured_step_ms']:.1f} "
+                f"| {s['modelled_step_ms']:.1f} | {100 * s['error_step']:+.0f} % | {_fmt(s['measured_seconds'], '.1f')} "
+                f"| {_fmt(s['modelled_seconds'], '.1f')} | {_fmt(100 * s['error_time'], '+.0f')} % | `{s['measured_run_id']}` |"
+            )
     if result["extrapolation"]:
-        fit = result["fitted_params"]
-        used = result["extrapolation_params"]
-        out.append("\n## Extrapolation (cost model)\n")
+        fit, used = result["fitted_params"], result["extrapolation_params"]
         alpha_note = (
             f"alpha = {1e6 * used['alpha']:.1f} µs is ASSUMED (`stage.extrapolation.alpha_us`), not measured: "
             f"the calibrated {1e6 * fit['alpha']:.0f} µs is mostly ranks taking turns on this machine's 2 cores"
             if used["alpha"] != fit["alpha"]
             else f"alpha = {1e6 * fit['alpha']:.1f} µs (calibrated)"
         )
-        out.append(
-            f"Parameters: {alpha_note}; efficiency = {fit['efficiency']:.3f} and gamma = "
-            f"{1e9 * fit['gamma']:.3f} ns/byte calibrated (`results/costmodel/fit.md`). Each method's "
-            "per-step compute, compression time and traffic are the ones measured in its run at the first "
-            "bandwidth above (this model and this CPU); per-rank bytes are held constant as workers grow "
-            "(all-reduce buffers, top-k contributions), so all-gather methods pay (p-1) times their "
-            "contribution. A model of communication scaling, not a measurement.\n"
-        )
-        out.append(costmodel.extrapolation_markdown(result["extrapolation"]))
+        out += [
+            f"\n## Extrapolation of the {tasks[cfg.measured_task]['title']} methods (cost model)\n",
+            f"Parameters: {alpha_note}; efficiency = {fit['efficiency']:.3f} and gamma = {1e9 * fit['gamma']:.3f} "
+            "ns/byte calibrated (`results/costmodel/fit.md`). Per-step compute, compression time and traffic as "
+            "measured in each suite run (seed 0); per-rank bytes held constant as workers grow, so all-gather "
+            "methods pay (p-1) times their contribution. A model of communication scaling, not a measurement.\n",
+            costmodel.extrapolation_markdown(result["extrapolation"]),
+        ]
     return "\n".join(out) + "\n"
 
 
-def plot(result: dict[str, Any], path: Path) -> None:
+def plot(result: dict[str, Any], cfg: Settings, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rates = list(result["tables"])
-    fig, axes = plt.subplots(2, len(rates), figsize=(5.5 * len(rates), 8), squeeze=False)
-    for col, rate in enumerate(rates):
-        ax = axes[0][col]
-        for method, evals in result["curves"][rate].items():
-            ax.plot(
-                [r["wall_seconds"] for r in evals],
-                [100 * r["test_accuracy"] for r in evals],
-                marker=".",
-                label=method,
-            )
-        target = 100 * result["tables"][rate][0]["target_accuracy"]
-        ax.axhline(target, color="k", ls="--", lw=0.8, label="target")
-        ax.set(xlabel="training wall-clock (s)", ylabel="test accuracy (%)",
-               ylim=(max(0.0, target - 15), 100))  # fmt: skip
-        ax.set_title(f"{costmodel.format_rate(costmodel.parse_rate(rate))}, 4 workers")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-        ax = axes[1][col]
-        rows = result["tables"][rate]
-        times = [r["time_to_target"] if math.isfinite(r["time_to_target"]) else 0.0 for r in rows]
-        bars = ax.bar([r["method"] for r in rows], times, color="tab:blue")
-        for bar, r in zip(bars, rows, strict=True):
-            text = (
-                "not reached" if not math.isfinite(r["time_to_target"]) else f"{r['speedup_to_target']:.1f}x"
-            )
-            ax.annotate(text, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center",
-                        va="bottom", fontsize=7)  # fmt: skip
-        ax.set(ylabel="time to target accuracy (s)")
-        ax.tick_params(axis="x", rotation=30, labelsize=7)
-        ax.grid(alpha=0.3, axis="y")
-    fig.tight_layout()
-    atomic_write(path, lambda p: fig.savefig(p, format="png", dpi=110))
-    plt.close(fig)
+    fig, axes = plt.subplots(
+        len(cfg.tasks),
+        1,
+        figsize=(max(8, 1.1 * len(cfg.methods) * len(cfg.bandwidths)), 3.6 * len(cfg.tasks)),
+        squeeze=False,
+    )
+    width = 0.8 / len(cfg.methods)
+    for ax, task in zip(axes[:, 0], cfg.tasks, strict=True):
+        for i, method in enumerate(cfg.methods):
+            xs, heights = [], []
+            for j, rate in enumerate(cfg.bandwidths):
+                row = next(
+                    r for r in result["rows"] if (r["task"], r["method"], r["rate"]) == (task, method, rate)
+                )
+                value = row.get("measured_seconds", row.get("modelled_seconds", math.nan))
+                xs.append(j + (i - len(cfg.methods) / 2) * width + width / 2)
+                heights.append(value if math.isfinite(value) else 0.0)
+            ax.bar(xs, heights, width, label=method, color=method_color(method))
+        ax.set_xticks(
+            range(len(cfg.bandwidths)),
+            [costmodel.format_rate(costmodel.parse_rate(r)) for r in cfg.bandwidths],
+        )
+        kind = "measured" if task == cfg.measured_task else "modelled"
+        ax.set(ylabel=f"time to target (s, {kind}); 0 = not reached", yscale="log",
+               title=suite_tasks()[task]["title"])  # fmt: skip
+    save_panels(fig, axes, path)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--scale", default=None, help="override params.yaml's `scale`")
+    parser.add_argument(
+        "--scale", default=None, help="the suite scale of the shaped runs (default: the suite's)"
+    )
     parser.add_argument("--report-only", action="store_true", help="rebuild the report from the runs on disk")
-    parser.add_argument("--methods", nargs="+", default=None, help="only these methods (default: all)")
-    parser.add_argument("--bandwidths", nargs="+", default=None, help="override stage.bandwidths")
+    parser.add_argument(
+        "--suite", default=str(SUITE), help="the suite's results folder (runs/, evaluations/)"
+    )
+    parser.add_argument(
+        "--out", default=str(OUT), help="this stage's results folder (default: results/leaderboard)"
+    )
     args = parser.parse_args(argv)
     quiet_environment()
     setup_logging()
+    out = Path(args.out)
+    suite = load_runs(Path(args.suite))
     try:
-        stage, methods = stage_settings(args.scale)
-        if args.bandwidths:
-            for rate in args.bandwidths:
-                costmodel.parse_rate(rate)  # a bad rate fails here
-            stage["bandwidths"] = list(args.bandwidths)
-        selected = args.methods or methods
-        unknown = sorted(set(selected) - set(methods))
-        if unknown:
-            raise ValueError(f"unknown method(s) {', '.join(unknown)}; methods: {', '.join(methods)}")
-        if not args.report_only:
+        cfg = settings(
+            list(suite),
+            {
+                "tasks": args.tasks,
+                "methods": args.methods,
+                "bandwidths": args.bandwidths,
+                "spot_checks": args.spot_checks,
+            },
+        )
+        if not args.report_only and (cfg.bandwidths or cfg.spot_checks):
             netem.check_support()
     except (ValueError, netem.NetemError) as error:
         raise SystemExit(f"error: {error}") from None
-    scale = args.scale or load_params(PIPELINE)["scale"]
     if not args.report_only:
         with netem.terminate_as_exception():
-            for rate in stage["bandwidths"]:
-                for method in selected:
-                    run_method(method, rate, args.scale)
-    result = collect(stage, selected)
-    OUT.mkdir(parents=True, exist_ok=True)
-    text = markdown(result, scale)
-    atomic_write_text(OUT / "report.md", text)
-    atomic_write_json(
-        OUT / "report.json", {k: v for k, v in result.items() if k != "curves"} | {"scale": scale}
-    )
-    plot(result, OUT / "leaderboard.png")
+            measured = [f"{cfg.measured_task}_{m}" for m in cfg.methods]
+            for rate in cfg.bandwidths:
+                launch_shaped(measured, rate, out / "measured" / rate, args.scale)
+            for rate in sorted({rate for _, rate in cfg.spot_checks}):
+                runs = [run for run, r in cfg.spot_checks if r == rate]
+                launch_shaped(runs, rate, out / "spot" / rate, args.scale)
+    params = costmodel.LinkParams(**json.loads(FIT.read_text())["params"]) if FIT.exists() else None
+    result = collect(cfg, suite, params, out)
+    shas = sorted({r["info"]["git_sha"] for seeds in suite.values() for r in seeds.values()})
+    scale = load_params("suite")["scale"]
+    text = markdown(result, cfg, scale, shas)
+    atomic_write_text(out / "report.md", text)
+    atomic_write_json(out / "report.json", finite(result | {"scale": scale}))
+    plot(result, cfg, out / "leaderboard.png")
+    log_report(PIPELINE, [out / "report.md", out / "report.json", out / "leaderboard.png"])
     print(text)
 
 

@@ -14,63 +14,18 @@ by hand.
 from __future__ import annotations
 
 import argparse
-import json
 import math
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 from common.fileio import atomic_write_json, atomic_write_text
 from common.plots import method_color, readable_log_axis
-from common.verdict import Claim, difference, judge, min_seeds_for, plateau
+from common.verdict import difference, judge, min_seeds_for, plateau
+from pipelines.claims import Runs, finite, load_runs, metric_value, no_loss_claim
 from pipelines.common import RESULTS_DIR, load_params, quiet_environment
-from pipelines.report import log_report, read_csv, save_panels
+from pipelines.report import log_report, save_panels
 
 PIPELINE = "suite"
-
-
-def metric_value(evaluation: dict[str, float], metric: str) -> float:
-    """The task's metric from an evaluation: accuracy in points, or test loss in nats."""
-    if metric == "accuracy":
-        return 100 * evaluation["test_accuracy"]
-    if metric == "loss":
-        return evaluation["test_loss"]
-    raise ValueError(f"unknown task metric {metric!r}; valid: accuracy, loss")
-
-
-def claim_for(metric: str, tolerance: float) -> Claim:
-    """Every method's "no loss" claim against fp32 on a task."""
-    return Claim(lower=-tolerance) if metric == "accuracy" else Claim(upper=tolerance)
-
-
-def load_runs(root: Path) -> dict[str, dict[int, dict[str, Any]]]:
-    """run -> seed -> its files (metrics, run.json, curves, evaluation); a run trained without its
-    evaluation fails with the folder named."""
-    runs: dict[str, dict[int, dict[str, Any]]] = defaultdict(dict)
-    for metrics_file in sorted((root / "runs").glob("*/*/seed*/metrics.json")):
-        folder = metrics_file.parent
-        group, run, seed = (
-            folder.parent.parent.name,
-            folder.parent.name,
-            int(folder.name.removeprefix("seed")),
-        )
-        evaluation_file = root / "evaluations" / group / run / f"{folder.name}.json"
-        if not evaluation_file.exists():
-            raise SystemExit(
-                f"error: {folder} has no evaluation ({evaluation_file}): run `python -m pipelines.evaluate "
-                f"suite {group}` (or dvc repro pipelines/suite/dvc.yaml)"
-            )
-        runs[run][seed] = {
-            "group": group,
-            "metrics": json.loads(metrics_file.read_text()),
-            "info": json.loads((folder / "run.json").read_text()),
-            "eval": read_csv(folder / "eval_curve.csv"),
-            "train": read_csv(folder / "train_curve.csv"),
-            "evaluation": json.loads(evaluation_file.read_text()),
-        }
-    if not runs:
-        raise SystemExit(f"error: no trained runs under {root / 'runs'}: dvc repro pipelines/suite/dvc.yaml")
-    return runs
 
 
 def _curve_metric(row: dict[str, float], metric: str) -> float:
@@ -94,7 +49,7 @@ def _interval(low: float, high: float, metric: str) -> str:
 def task_rows(
     task: str,
     spec: dict[str, Any],
-    runs: dict[str, dict[int, dict[str, Any]]],
+    runs: Runs,
     baseline: str,
     order: list[str] | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -140,7 +95,7 @@ def task_rows(
         convergence["x2_gain"] = _mean(list(convergence["x2_values"].values())) - base_mean
         if not higher:
             convergence["x2_gain"] = -convergence["x2_gain"]
-    claim = claim_for(metric, tolerance)
+    claim = no_loss_claim(metric, tolerance)
     rows = []
     known = [r for r in (order or []) if r in runs]
     mine = [r for r in known + sorted(set(runs) - set(known)) if r.startswith(f"{task}_")]
@@ -283,17 +238,6 @@ def plot(convergence: list[dict[str, Any]], rows: list[dict[str, Any]], path: Pa
     save_panels(fig, axes, path)
 
 
-def _finite(value: Any) -> Any:
-    """NaN and infinities as JSON null (strict JSON has no NaN)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    return value
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -322,7 +266,7 @@ def main(argv: list[str] | None = None) -> None:
     public = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
     atomic_write_json(
         root / "report.json",
-        _finite({"pipeline": PIPELINE, "scale": params["scale"], "convergence": convergence, "rows": public}),
+        finite({"pipeline": PIPELINE, "scale": params["scale"], "convergence": convergence, "rows": public}),
     )
     plot(convergence, rows, root / "curves.png")
     log_report(

@@ -39,7 +39,27 @@ def test_same_seed_rank_step_same_augmentation_and_none_is_identity():
 
 
 def test_bad_augmentation_rejected():
-    with pytest.raises(ValueError, match="unknown augment 'mixup'; valid: none, crop_flip"):
+    with pytest.raises(ValueError, match="unknown augment .mixup.; valid: none, crop_flip, flip_translate"):
         RunConfig.from_dict({"augment": "mixup"})
     with pytest.raises(ValueError, match="needs image batches"):
         augment_batch(torch.zeros(4, 64, dtype=torch.long), "crop_flip", augment_generator(0, 0, 0))
+
+
+def test_flip_translate_is_a_two_pixel_window_of_the_reflect_padded_image():
+    x = torch.randn(16, 3, 8, 8)
+    out = augment_batch(x, "flip_translate", augment_generator(0, 0, 7))
+    padded = F.pad(x, (2, 2, 2, 2), mode="reflect")
+    shifts = set()
+    for b in range(16):
+        windows = [
+            (dy, dx, f)
+            for dy in range(5)
+            for dx in range(5)
+            for f in (False, True)
+            if torch.equal(out[b], (lambda w: w.flip(-1) if f else w)(padded[b, :, dy : dy + 8, dx : dx + 8]))
+        ]
+        assert windows, f"image {b} is not a 2-pixel translate of its reflect-padded original"
+        shifts.add(windows[0][:2])
+    assert len(shifts) > 3  # the offsets are drawn, not fixed
+    # reflect padding: no constant border, unlike crop_flip's zeros
+    assert torch.equal(out, augment_batch(x, "flip_translate", augment_generator(0, 0, 7)))

@@ -1,44 +1,90 @@
-"""DGC and QSGD end to end at smoke scale: several runs in one launch of 2 gloo ranks."""
+"""DGC and QSGD end to end at smoke scale: DGC's ablation ladder derived from the suite's DGC run
+(one launch of 2 gloo ranks), evaluated, then the report judging the suite's runs and the ladder."""
 
 from __future__ import annotations
 
 import json
-import os
 import sys
+from pathlib import Path
+
+import pytest
+import yaml
 
 from common.paths import REPO_ROOT
 from pipelines.common import load_params
 from pipelines.train import resolve_config
-from tests.helpers.processes import run_group
+from tests.pipelines.conftest import run_steps, tracking_env
+
+LADDER = "shakespeare_gd,shakespeare_mc,shakespeare_mask"
 
 
-def test_one_launch_trains_dgc_and_qsgd_and_counts_what_they_send(tmp_path):
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
-    command = [
+@pytest.fixture(scope="module")
+def dgc_qsgd(suite_smoke, tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("dgc_qsgd")
+    launch = [
         sys.executable,
         "-m",
         "pipelines.launch",
         "dgc_qsgd",
-        "ptb_dgc_clip,cifar_qsgd4",
+        LADDER,
         "--scale",
         "smoke",
+        "--seeds",
+        "0,1",
     ]
-    result = run_group(
-        [*command, "--seeds", "0", "--out", str(tmp_path / "runs")], cwd=REPO_ROOT, env=env, timeout=400
+    run_steps(
+        [
+            [*launch, "--out", str(root / "runs" / "shakespeare")],
+            [sys.executable, "-m", "pipelines.evaluate", "dgc_qsgd", "shakespeare", "--root", str(root)],
+            [
+                sys.executable,
+                "-m",
+                "papers.dgc_qsgd.report",
+                "--suite",
+                str(suite_smoke),
+                "--root",
+                str(root),
+            ],
+        ],
+        tracking_env(root),
     )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    dgc = json.loads((tmp_path / "runs" / "ptb_dgc_clip" / "seed0" / "metrics.json").read_text())
-    qsgd = json.loads((tmp_path / "runs" / "cifar_qsgd4" / "seed0" / "metrics.json").read_text())
-    # Warm-up over the first quarter epoch (25% of the matrices' entries), then 0.1%: the run's
-    # average lies between; the LSTM's embedding and decoder dominate the bits.
-    assert 0.001 <= dgc["density_sent"] <= 0.25
-    # 8 smoke steps, half of them in the warm-up (a quarter epoch of 16 steps at 25% ... 0.4%)
-    assert dgc["compression_factor"] > 1.5
-    assert "test_perplexity" in dgc
-    # 4-bit fixed-width codes and an fp32 norm per bucket of 512 (dense biases included): about 32/4
-    assert 7 < qsgd["compression_factor"] < 8
-    run = json.loads((tmp_path / "runs" / "cifar_qsgd4" / "seed0" / "run.json").read_text())
-    assert run["config"]["compressor_options"]["encoding"] == "fixed" and run["config"]["seed"] == 0
+    return root
+
+
+def test_the_ladder_changes_only_the_dgc_options(dgc_qsgd, suite_smoke):
+    def config(folder: Path) -> dict:
+        return json.loads((folder / "run.json").read_text())["config"]
+
+    dgc = config(suite_smoke / "runs" / "group" / "shakespeare_dgc" / "seed0")
+    for run, options in {
+        "shakespeare_gd": {"momentum_correction": False},
+        "shakespeare_mc": {"momentum_correction": True, "masking": False},
+        "shakespeare_mask": {"momentum_correction": True, "masking": True},
+    }.items():
+        ours = config(dgc_qsgd / "runs" / "shakespeare" / run / "seed0")
+        assert ours["strategy_options"] == options
+        assert {k: v for k, v in ours.items() if k != "strategy_options"} == {
+            k: v for k, v in dgc.items() if k != "strategy_options"
+        }
+
+
+def test_report_judges_dgc_qsgd_and_the_ladder(dgc_qsgd):
+    report = json.loads((dgc_qsgd / "report.json").read_text())
+    claims = {c["claim"] for c in report["claims"]}
+    assert "Tiny Shakespeare / char LSTM 2x256: DGC at 99.9 % sparsity loses nothing" in claims
+    assert "Tiny Shakespeare / char LSTM 2x256: QSGD 4 bits loses nothing" in claims
+    assert any("Gradient Dropping (top-k + error feedback alone) loses" in c for c in claims)
+    assert any("Fashion-MNIST" in c and "DGC" in c for c in claims)  # the suite's other DGC task
+    assert all(c["verdict"] == "inconclusive" for c in report["claims"])  # 2 seeds, smoke
+    rows = {(r["task"], r["variant"]): r for r in report["rows"]}
+    gd = rows[("shakespeare", "gd")]
+    # 6 smoke steps, no warm-up for Gradient Dropping: 0.1 % of the matrices' entries every step
+    assert gd["density_sent"] == pytest.approx(0.001, rel=0.2)
+    dgc = rows[("shakespeare", "dgc")]
+    assert dgc["density_sent"] > gd["density_sent"]  # the warm-up sends 25 % first
+    # 4-bit fixed-width codes and an fp32 norm per bucket of 512: about 32 / 4
+    assert 7 < rows[("shakespeare", "qsgd4")]["compression_factor"] < 8
+    assert "Elias" in (dgc_qsgd / "report.md").read_text()
 
 
 def test_every_run_composes_and_the_dvc_stages_list_every_run():
@@ -46,11 +92,6 @@ def test_every_run_composes_and_the_dvc_stages_list_every_run():
     for scale in params["scales"]:
         for run in params["runs"]:
             resolve_config("dgc_qsgd", run, scale)
-    text = (REPO_ROOT / "pipelines" / "dgc_qsgd" / "dvc.yaml").read_text()
-    listed = {
-        r
-        for line in text.splitlines()
-        if line.strip().startswith(("cifar:", "ptb:"))
-        for r in line.split(":", 1)[1].strip().split(",")
-    }
-    assert listed == {r for r in params["runs"] if not r.startswith("paper_")}
+    stages = yaml.safe_load((REPO_ROOT / "pipelines" / "dgc_qsgd" / "dvc.yaml").read_text())["stages"]
+    listed = [r for g in stages["train"]["foreach"].values() for r in g["runs"].split(",")]
+    assert sorted(listed) == sorted(r for r in params["runs"] if not r.startswith("paper_"))

@@ -39,7 +39,9 @@ def _run(root: Path, env: dict[str, str], *args: str, timeout: float = 600):
     return result
 
 
-def test_calibration_then_leaderboard(repo):
+@pytest.fixture(scope="module")
+def calibrated(repo):
+    """The cost-model fit at smoke scale over real shaped links, in the copy of the repository."""
     root, env = repo
     _run(
         root,
@@ -60,38 +62,64 @@ def test_calibration_then_leaderboard(repo):
     table = (root / "results/costmodel/fit.md").read_text()
     assert "| fp32 | 2 | 200 Mbit/s |" in table and "| topk1_ef | 2 | 1 Gbit/s |" in table
 
+    return fit
+
+
+def test_leaderboard_measures_the_small_vision_task_and_models_every_task(repo, calibrated, suite_smoke):
+    root, env = repo
     _run(
         root,
         env,
         "pipelines.leaderboard",
         "--scale",
         "smoke",
+        "--suite",
+        str(suite_smoke),
+        "--tasks",
+        "fmnist",
+        "shakespeare",
         "--methods",
         "fp32",
-        "topk1_ef",
+        "dgc",
         "--bandwidths",
         "200mbit",
+        "--spot-checks",
+        "shakespeare_dgc@200mbit",
     )
     report = json.loads((root / "results/leaderboard/report.json").read_text())
-    rows = {r["method"]: r for r in report["tables"]["200mbit"]}
-    assert set(rows) == {"fp32", "topk1_ef"}
-    assert rows["fp32"]["network"] == "200mbit"
-    assert rows["fp32"]["speedup_to_target"] == pytest.approx(1.0)
-    assert rows["topk1_ef"]["bits_per_step"] < rows["fp32"]["bits_per_step"] / 10
-    assert rows["fp32"]["modelled_step_ms"] > 0
-    assert {r["method"] for r in report["extrapolation"]} == {"fp32", "topk1_ef"}
+    rows = {(r["task"], r["method"]): r for r in report["rows"]}
+    assert set(rows) == {(t, m) for t in ("fmnist", "shakespeare") for m in ("fp32", "dgc")}
+    fp32, dgc = rows[("fmnist", "fp32")], rows[("fmnist", "dgc")]
+    assert fp32["network"] == "200mbit" and fp32["rate"] == "200mbit"  # really trained over the shaped link
+    assert dgc["bits_per_step"] < fp32["bits_per_step"] / 2
+    assert fp32["measured_step_ms"] > 0 and fp32["modelled_step_ms"] > 0
+    # the modelled tasks: steps to target x modelled step time, no measurement
+    assert "measured_seconds" not in rows[("shakespeare", "fp32")]
+    spot = report["spot_checks"]
+    assert [(s["run"], s["rate"]) for s in spot] == [("shakespeare_dgc", "200mbit")]
+    assert spot[0]["network"] == "200mbit" and spot[0]["measured_step_ms"] > 0
+    assert {r["method"] for r in report["extrapolation"]} == {"fp32", "dgc"}
     text = (root / "results/leaderboard/report.md").read_text()
-    assert "Extrapolation" in text and "512 workers" in text
+    assert "Spot checks" in text and "512 workers" in text
     assert (root / "results/leaderboard/leaderboard.png").stat().st_size > 0
 
 
-def test_a_bad_method_fails_before_any_network_is_built(repo):
+def test_a_bad_method_fails_before_any_network_is_built(repo, suite_smoke):
     root, env = repo
     result = run_group(
-        [sys.executable, "-m", "pipelines.leaderboard", "--methods", "nope", "--report-only"],
+        [
+            sys.executable,
+            "-m",
+            "pipelines.leaderboard",
+            "--suite",
+            str(suite_smoke),
+            "--methods",
+            "fp32",
+            "nope",
+        ],
         cwd=root,
         env=env,
         timeout=120,
     )
     assert result.returncode != 0
-    assert "unknown method(s) nope" in result.stderr
+    assert "stage.methods nope have no" in result.stderr

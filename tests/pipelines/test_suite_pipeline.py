@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
-import sys
 
 import pytest
 import yaml
@@ -13,26 +11,14 @@ import yaml
 from common.paths import REPO_ROOT
 from pipelines.common import load_params
 from pipelines.train import resolve_config
-from tests.helpers.processes import run_group
+from tests.pipelines.conftest import SUITE_RUNS
 
-# every strategy the suite uses (data parallel, dgc, def, sparse), both task kinds
-RUNS = "fmnist_fp32,fmnist_dgc,fmnist_def,fmnist_exdyna,fmnist_terngrad,shakespeare_fp32,shakespeare_qsgd4"
+RUNS = SUITE_RUNS
 
 
 @pytest.fixture(scope="module")
-def suite(tmp_path_factory):
-    root = tmp_path_factory.mktemp("suite")
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}"}
-    launch = [sys.executable, "-m", "pipelines.launch", "suite", RUNS, "--scale", "smoke", "--seeds", "0,1"]
-    steps = [
-        [*launch, "--out", str(root / "runs" / "group")],
-        [sys.executable, "-m", "pipelines.evaluate", "suite", "group", "--root", str(root)],
-        [sys.executable, "-m", "pipelines.suite.report", "--root", str(root)],
-    ]
-    for command in steps:
-        result = run_group(command, cwd=REPO_ROOT, env=env, timeout=600)
-        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    return root
+def suite(suite_smoke):
+    return suite_smoke
 
 
 def test_every_run_is_trained_and_evaluated_on_the_whole_test_split(suite):

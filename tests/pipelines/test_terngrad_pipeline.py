@@ -1,49 +1,121 @@
-"""TernGrad end to end at smoke scale: 2 gloo ranks through the launcher, deterministic per seed."""
+"""TernGrad end to end at smoke scale: its ablations derived from the suite's run, 2 gloo ranks,
+deterministic per seed, then the report judging the suite's runs and the ablations."""
 
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
+import pytest
+
 from common.paths import REPO_ROOT
 from tests.helpers.processes import run_group
+from tests.pipelines.conftest import run_steps, tracking_env
+
+ABLATIONS = "fmnist_noclip,fmnist_noshare,fmnist_clipown"
 
 
-def _launch(tmp_path: Path, name: str, *extra: str) -> Path:
-    out = tmp_path / name
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
-    command = [sys.executable, "-m", "pipelines.launch", "terngrad", "mnist_terngrad", "--scale", "smoke"]
-    result = run_group([*command, "--out", str(out), *extra], cwd=REPO_ROOT, env=env, timeout=300)
+@pytest.fixture(scope="module")
+def terngrad(suite_smoke, tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("terngrad")
+    launch = [
+        sys.executable,
+        "-m",
+        "pipelines.launch",
+        "terngrad",
+        ABLATIONS,
+        "--scale",
+        "smoke",
+        "--seeds",
+        "0,1",
+    ]
+    run_steps(
+        [
+            [*launch, "--out", str(root / "runs" / "fmnist")],
+            [sys.executable, "-m", "pipelines.evaluate", "terngrad", "fmnist", "--root", str(root)],
+            [
+                sys.executable,
+                "-m",
+                "papers.terngrad.report",
+                "--suite",
+                str(suite_smoke),
+                "--root",
+                str(root),
+            ],
+        ],
+        tracking_env(root),
+    )
+    return root
+
+
+def _read(folder: Path) -> dict:
+    return {
+        "metrics": json.loads((folder / "metrics.json").read_text()),
+        "run": json.loads((folder / "run.json").read_text()),
+    }
+
+
+def test_ablations_are_the_suite_recipe_with_only_their_options_changed(terngrad, suite_smoke):
+    suite = _read(suite_smoke / "runs" / "group" / "fmnist_terngrad" / "seed0")["run"]["config"]
+    for run, options in {
+        "fmnist_noclip": {"clip": None, "shared_scaler": True},
+        "fmnist_noshare": {"clip": 2.5, "shared_scaler": False},
+        "fmnist_clipown": {"clip": 2.5, "shared_scaler": True, "clip_at": "own"},
+    }.items():
+        config = _read(terngrad / "runs" / "fmnist" / run / "seed0")["run"]["config"]
+        assert config["compressor_options"] == options
+        assert {k: v for k, v in config.items() if k != "compressor_options"} == {
+            k: v for k, v in suite.items() if k != "compressor_options"
+        }
+
+
+def test_routes_and_bits_follow_the_scaler_sharing(terngrad, suite_smoke):
+    shared = _read(suite_smoke / "runs" / "group" / "fmnist_terngrad" / "seed0")
+    unshared = _read(terngrad / "runs" / "fmnist" / "fmnist_noshare" / "seed0")
+    # airbench (width 12): 14 trainable tensors; 6 smoke steps; at 2 ranks the codes are all-gathered
+    assert shared["run"]["routes"] == {"terngrad-allgather": 14 * 6}
+    assert unshared["run"]["routes"] == {"terngrad-allgather": 14 * 6}
+    # sharing costs one max all-reduce of the 14 scalers per step, nothing else
+    extra = shared["metrics"]["bits_per_step"] - unshared["metrics"]["bits_per_step"]
+    assert extra == 14 * 32
+    assert 10 < shared["metrics"]["compression_factor"] < 16.1  # 32 / 2, less the scalers
+
+
+def test_report_judges_the_suite_claim_and_every_ablation(terngrad):
+    report = json.loads((terngrad / "report.json").read_text())
+    claims = {c["claim"].split(": ", 1)[1]: c for c in report["claims"]}
+    assert set(claims) == {
+        "TernGrad loses nothing against fp32",
+        "without clipping TernGrad is worse (clipping helps)",
+        "sharing the scaler costs nothing",
+        "clipping at each worker's own bound changes nothing",
+    }
+    for claim in claims.values():
+        assert claim["verdict"] == "inconclusive" and claim["seeds"] == [2, 2]  # 2 seeds: too few
+    assert {(r["task"], r["variant"]) for r in report["rows"]} >= {("fmnist", "fp32"), ("fmnist", "noclip")}
+    assert (terngrad / "curves.png").stat().st_size > 10_000
+    assert "## Claims" in (terngrad / "report.md").read_text()
+
+
+def test_a_seed_in_a_shared_launch_equals_a_launch_of_its_own(terngrad, tmp_path):
+    command = [sys.executable, "-m", "pipelines.launch", "terngrad", "fmnist_noclip", "--scale", "smoke"]
+    result = run_group(
+        [*command, "--seed", "1", "--out", str(tmp_path / "alone")],
+        cwd=REPO_ROOT,
+        env=tracking_env(tmp_path),
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    return out
-
-
-def _read(out: Path) -> dict:
-    run = json.loads((out / "run.json").read_text())
-    return {"metrics": json.loads((out / "metrics.json").read_text()), "run": run}
-
-
-def test_two_rank_smoke_run_is_deterministic_and_counts_two_bits_per_entry(tmp_path):
-    first = _read(_launch(tmp_path, "a"))
-    # Two seeds in one launch (the pipeline's way): seed 0 repeats the separate launch exactly.
-    repeats = _launch(tmp_path, "b", "--seeds", "0,1")
-    again, other = _read(repeats / "seed0"), _read(repeats / "seed1")
+    alone = _read(tmp_path / "alone")["metrics"]
+    shared = _read(terngrad / "runs" / "fmnist" / "fmnist_noclip" / "seed1")["metrics"]
     keys = ("test_accuracy", "test_loss", "train_loss", "bits_per_step")
-    assert {k: first["metrics"][k] for k in keys} == {k: again["metrics"][k] for k in keys}
-    assert again["run"]["config"]["seed"] == 0 and other["run"]["config"]["seed"] == 1
-    assert again["run"]["mlflow_run_id"] != other["run"]["mlflow_run_id"]
-    assert other["metrics"]["train_loss"] != first["metrics"]["train_loss"]
-    # 2 ranks: all-gather of 2-bit codes (+ an fp32 scaler per layer), never the int8 sums
-    # per step, LeNet-5's 5 layers x (weight, bias); 12 steps at smoke scale
-    assert first["run"]["routes"] == {"terngrad-allgather": 10 * 12}
-    assert 14 < first["metrics"]["compression_factor"] < 16.1  # 32 / 2, less the scalers
+    assert {k: alone[k] for k in keys} == {k: shared[k] for k in keys}
 
 
 def test_bad_seed_lists_fail_before_any_worker_starts(tmp_path):
     for bad in ("0,x", "1,1", "-2"):
-        command = [sys.executable, "-m", "pipelines.launch", "terngrad", "mnist_fp32", "--seeds", bad]
+        command = [sys.executable, "-m", "pipelines.launch", "terngrad", "fmnist_noclip", "--seeds", bad]
         result = run_group([*command, "--out", str(tmp_path / "x")], cwd=REPO_ROOT, timeout=120)
         assert result.returncode != 0
         assert f"--seeds {bad!r}" in result.stderr
@@ -74,3 +146,21 @@ def test_every_run_composes_and_fp32_layers_name_real_parameters():
         0.04,
         (20, 40, 60),
     )
+
+
+def test_from_names_a_real_run_and_never_loops(tmp_path, monkeypatch):
+    from pipelines import common
+
+    params = {
+        "scale": "cpu",
+        "scales": {"cpu": {}},
+        "runs": {"a": {"from": "suite/no_such_run"}, "b": {"from": "x/b"}, "c": {"from": "nonsense"}},
+    }
+    real = common.load_params
+    monkeypatch.setattr(common, "load_params", lambda p: params if p in ("x",) else real(p))
+    with pytest.raises(ValueError, match="unknown run 'no_such_run'"):
+        common.run_values("x", "a")
+    with pytest.raises(ValueError, match="loops"):
+        common.run_values("x", "b")
+    with pytest.raises(ValueError, match="from must be '<pipeline>/<run>'"):
+        common.run_values("x", "c")

@@ -1,0 +1,179 @@
+"""Runs and claims for the report stages: one way to read a pipeline's trained and evaluated runs,
+one way to turn a paper's claim into a verdict (:mod:`common.verdict`).
+
+A pipeline's runs live under ``results/<pipeline>/runs/<group>/<run>/seed<k>/`` (the train stage)
+with their whole-test-split measurement in ``results/<pipeline>/evaluations/<group>/<run>/seed<k>.json``
+(the evaluate stage). Paper reports read the suite's runs for their accuracy claims and their own
+runs for their own experiments, and judge both with :func:`judge_claim`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from common.verdict import Claim, difference, judge, min_seeds_for
+from pipelines.common import RESULTS_DIR, load_params
+from pipelines.report import read_csv
+
+Runs = dict[str, dict[int, dict[str, Any]]]  # run -> seed -> its files
+
+
+def load_runs(root: Path, *, require_evaluation: bool = True) -> Runs:
+    """run -> seed -> ``metrics``, ``info`` (run.json), ``eval`` / ``train`` curves, ``evaluation``
+    and ``group``. A trained run without its evaluation fails with the command that makes it."""
+    runs: Runs = defaultdict(dict)
+    for metrics_file in sorted((root / "runs").glob("*/*/seed*/metrics.json")):
+        folder = metrics_file.parent
+        group, run, seed = (
+            folder.parent.parent.name,
+            folder.parent.name,
+            int(folder.name.removeprefix("seed")),
+        )
+        evaluation_file = root / "evaluations" / group / run / f"{folder.name}.json"
+        if not evaluation_file.exists() and require_evaluation:
+            raise SystemExit(
+                f"error: {folder} has no evaluation ({evaluation_file}): run `python -m pipelines.evaluate "
+                f"{root.name} {group}` (or dvc repro)"
+            )
+        runs[run][seed] = {
+            "group": group,
+            "metrics": json.loads(metrics_file.read_text()),
+            "info": json.loads((folder / "run.json").read_text()),
+            "eval": read_csv(folder / "eval_curve.csv"),
+            "train": read_csv(folder / "train_curve.csv"),
+            "evaluation": json.loads(evaluation_file.read_text()) if evaluation_file.exists() else None,
+        }
+    if not runs:
+        raise SystemExit(
+            f"error: no trained runs under {root / 'runs'}: dvc repro pipelines/{root.name}/dvc.yaml"
+        )
+    return dict(runs)
+
+
+def metric_value(evaluation: dict[str, float], metric: str) -> float:
+    """A task's metric from an evaluation: accuracy in points, or test loss in nats."""
+    if metric == "accuracy":
+        return 100 * evaluation["test_accuracy"]
+    if metric == "loss":
+        return evaluation["test_loss"]
+    raise ValueError(f"unknown task metric {metric!r}; valid: accuracy, loss")
+
+
+def values(runs: Runs, run: str, metric: str) -> dict[int, float]:
+    """seed -> the run's metric on the whole test split."""
+    if run not in runs:
+        raise SystemExit(f"error: no results for run {run!r} (have: {', '.join(sorted(runs))})")
+    return {seed: metric_value(r["evaluation"], metric) for seed, r in runs[run].items()}
+
+
+def summarize(seeds: dict[int, dict[str, Any]], metric: str, extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A run's row over its seeds: the metric's mean and std (whole test split), bits, compression
+    and wall seconds (means), MLflow ids, git sha, and the means of ``extra`` metrics.json keys
+    (None where a run has none)."""
+    import statistics
+
+    evaluated = [metric_value(seeds[s]["evaluation"], metric) for s in sorted(seeds)]
+    metrics = [seeds[s]["metrics"] for s in sorted(seeds)]
+    row: dict[str, Any] = {
+        "seeds": sorted(seeds),
+        "mean": statistics.fmean(evaluated),
+        "std": statistics.stdev(evaluated) if len(evaluated) > 1 else 0.0,
+        "bits_per_step": statistics.fmean(m["bits_per_step"] for m in metrics),
+        "dense_bits_per_step": metrics[0]["dense_bits_per_step"],
+        "compression_factor": statistics.fmean(m["compression_factor"] for m in metrics),
+        "wall_seconds": statistics.fmean(m["wall_seconds"] for m in metrics),
+        "compress_seconds": statistics.fmean(m["compress_seconds"] for m in metrics),
+        "mlflow_run_ids": [seeds[s]["info"]["mlflow_run_id"] for s in sorted(seeds)],
+        "git_sha": seeds[min(seeds)]["info"]["git_sha"],
+    }
+    for key in extra:
+        found = [m[key] for m in metrics if m.get(key) is not None]
+        row[key] = statistics.fmean(found) if found else None
+    return row
+
+
+def no_loss_claim(metric: str, tolerance: float) -> Claim:
+    """ "No loss beyond ``tolerance`` against the baseline" for a metric (accuracy: higher is better)."""
+    return Claim(lower=-tolerance) if metric == "accuracy" else Claim(upper=tolerance)
+
+
+def suite_tasks() -> dict[str, dict[str, Any]]:
+    """The suite's tasks (title, metric, bar, tolerance, plateau) from its params.yaml ``stage``."""
+    return dict(load_params("suite")["stage"]["tasks"])
+
+
+def suite_convergence(root: Path | None = None) -> dict[str, bool]:
+    """task -> whether the suite's fp32 reached its plateau (from the suite report)."""
+    path = (root or RESULTS_DIR / "suite") / "report.json"
+    if not path.exists():
+        raise SystemExit(
+            f"error: no {path}: run the suite's report stage (dvc repro pipelines/suite/dvc.yaml)"
+        )
+    return {c["task"]: bool(c["converged"]) for c in json.loads(path.read_text())["convergence"]}
+
+
+def judge_claim(
+    name: str,
+    method: dict[int, float],
+    baseline: dict[int, float],
+    claim: Claim,
+    *,
+    metric: str,
+    baseline_converged: bool = True,
+) -> dict[str, Any]:
+    """One claim's row: ``method - baseline`` with its 95 % interval and the verdict."""
+    diff = difference(method, baseline)
+    verdict = judge(diff, claim, min_seeds=min_seeds_for(claim), baseline_converged=baseline_converged)
+    return {
+        "claim": name,
+        "metric": metric,
+        "method_mean": sum(method.values()) / len(method),
+        "baseline_mean": sum(baseline.values()) / len(baseline),
+        "seeds": [len(method), len(baseline)],
+        "difference": diff.estimate,
+        "low": diff.low,
+        "high": diff.high,
+        "paired": diff.paired,
+        "bound": claim.describe(" pts" if metric == "accuracy" else " nats"),
+        "verdict": verdict.verdict,
+        "reason": verdict.reason,
+    }
+
+
+def _fmt(value: float, metric: str) -> str:
+    return f"{value:.2f}" if metric == "accuracy" else f"{value:.4f}"
+
+
+def claims_table(rows: list[dict[str, Any]]) -> str:
+    """The claims as a markdown table (accuracy in points, losses in nats)."""
+    lines = [
+        "| claim | ours (mean) | against (mean) | seeds | Δ | 95 % interval | claim on Δ | verdict | why |",
+        "|---|---:|---:|---|---:|---|---|---|---|",
+    ]
+    for r in rows:
+        m = r["metric"]
+        interval = (
+            "(1 seed: none)" if math.isnan(r["low"]) else f"[{_fmt(r['low'], m)}, {_fmt(r['high'], m)}]"
+        )
+        verdict = r["verdict"] if r["verdict"] == "inconclusive" else f"**{r['verdict']}**"
+        sign = f"{r['difference']:+.2f}" if m == "accuracy" else f"{r['difference']:+.4f}"
+        lines.append(
+            f"| {r['claim']} | {_fmt(r['method_mean'], m)} | {_fmt(r['baseline_mean'], m)} | "
+            f"{r['seeds'][0]} vs {r['seeds'][1]} | {sign} | {interval} | {r['bound']} | {verdict} | {r['reason']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def finite(value: Any) -> Any:
+    """NaN and infinities as JSON null (strict JSON has no NaN), recursively."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [finite(v) for v in value]
+    return value
