@@ -1,177 +1,273 @@
-"""DEF / DEF-A with random block sparsification: accuracy against density, claims and curves.
+"""DEF / DEF-A against classic error feedback with random blocks: claims, table and curves.
 
     python -m papers.random_block.report
 
-Reads ``results/random_block/runs/<task>/<run>/seed<k>/`` and writes ``results/random_block/report.md``
-and ``report.json`` (final test accuracy, mean and std over seeds, per variant and density; bits per
-step per rank and the compression factor measured from the wire; accuracy at every evaluation, for
-the early-training claim; MLflow run ids) and ``curves.png`` (training loss and test accuracy
-against steps, mean over seeds, one column per density).
+DEF's runs on every task are the task suite's (``results/suite``: ``<task>_def``, 1/16, mu 0.3);
+the comparison runs are this pipeline's (``results/random_block/runs``, derived from the suite's DEF
+run): classic error feedback (mu 0), DEF and DEF-A at 1/16 and 1/64, each at lr 0.4 and 0.1, on
+Fashion-MNIST; classic EF at 1/16 on CIFAR-10. Each method is judged at its best lr of that grid
+(the highest mean test metric over seeds: chosen on the test split, the same advantage for every
+method). Claims, through :mod:`common.verdict` (95 % interval over seeds, paired by seed):
+
+- DEF at 1/16 loses nothing against fp32 (every suite task);
+- DEF beats classic EF at 1/16 and 1/64 (Fashion-MNIST, each at its best lr) and at 1/16 on CIFAR-10
+  (both at the recipe's lr);
+- DEF-A is ahead of DEF early in training (the evaluation at 30 % of the run, best lr each).
+
+Writes ``report.md``, ``report.json`` and ``curves.png``.
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 from pathlib import Path
 from typing import Any
 
+from common.fileio import atomic_write_json, atomic_write_text
+from common.plots import method_color, readable_log_axis
+from common.verdict import Claim
+from pipelines.claims import (
+    Runs,
+    claims_table,
+    finite,
+    judge_claim,
+    load_runs,
+    no_loss_claim,
+    suite_convergence,
+    suite_tasks,
+    summarize,
+    values,
+)
 from pipelines.common import RESULTS_DIR, load_params, quiet_environment
-from pipelines.report import finish_report, save_panels, seed_results
+from pipelines.report import log_report, save_panels
 
 PIPELINE = "random_block"
-OUT = RESULTS_DIR / PIPELINE
-RUNS = OUT / "runs"
-VARIANTS = {
-    "dense": "dense SGD (fp32 all-reduce)",
-    "block_none": "random block, no error feedback",
-    "block_ef": "random block + EF (mu = 0)",
-    "block_def": "random block + DEF (mu = 0.3)",
-    "block_defa": "random block + DEF-A (authors' code: errors and momentum averaged each step)",
-    "randomk_ef": "random-k (shared indices) + EF",
-    "topk_ef": "top-k + EF",
-}
+METHODS = {"ef": "classic EF (mu 0)", "def": "DEF (mu 0.3)", "defa": "DEF-A (mu 0.3, averaged every step)"}
 DENSITIES = {"d16": "1/16", "d64": "1/64"}
+LRS = {"lr04": 0.4, "lr01": 0.1}
+EARLY = 0.3  # DEF-A's claim: ahead at the evaluation nearest 30 % of the run
 
 
-def collect() -> list[dict[str, Any]]:
-    rows = []
-    for run in load_params(PIPELINE)["runs"]:
-        if run.startswith("paper_"):
-            continue
-        seeds = seed_results(RUNS, run, PIPELINE)
-        density, variant = ("dense", "dense") if run == "dense" else run.split("_", 1)
-        accuracy = [100 * s["metrics"]["test_accuracy"] for s in seeds]
-        steps = [int(row["step"]) for row in seeds[0]["eval"]]
-        rows.append(
-            {
-                "run": run,
-                "density": density,
-                "variant": variant,
-                "seeds": len(seeds),
-                "mean": statistics.fmean(accuracy),
-                "std": statistics.stdev(accuracy) if len(accuracy) > 1 else 0.0,
-                "values": accuracy,
-                # accuracy at every evaluation, mean over seeds: the early-training comparison
-                "eval_steps": steps,
-                "eval_accuracy": [
-                    statistics.fmean(100 * s["eval"][i]["test_accuracy"] for s in seeds)
-                    for i in range(len(steps))
-                ],
-                "bits_per_step": statistics.fmean(s["metrics"]["bits_per_step"] for s in seeds),
-                "compression_factor": statistics.fmean(s["metrics"]["compression_factor"] for s in seeds),
-                "wall_seconds": statistics.fmean(s["metrics"]["wall_seconds"] for s in seeds),
-                "compress_seconds": statistics.fmean(s["metrics"]["compress_seconds"] for s in seeds),
-                "mlflow_run_ids": [s["info"]["mlflow_run_id"] for s in seeds],
-                "git_sha": seeds[0]["info"]["git_sha"],
-                "_train": [s["train"] for s in seeds],
-            }
-        )
-    return rows
-
-
-def _find(rows: list[dict[str, Any]], density: str, variant: str) -> dict[str, Any] | None:
-    return next((r for r in rows if r["density"] == density and r["variant"] == variant), None)
-
-
-def _cell(row: dict[str, Any] | None) -> str:
-    return "-" if row is None else f"{row['mean']:.2f} ± {row['std']:.2f}"
-
-
-def claims(rows: list[dict[str, Any]]) -> list[str]:
-    out = []
-    for density, label in DENSITIES.items():
-        ef, def_, defa = (_find(rows, density, v) for v in ("block_ef", "block_def", "block_defa"))
-        if ef and def_:
-            gap = def_["mean"] - ef["mean"]
-            spread = max(ef["std"], def_["std"])
-            verdict = (
-                "reproduced"
-                if gap > spread
-                else "not reproduced"
-                if gap <= 0
-                else "ahead, within the seed spread"
-            )
-            out.append(
-                f"- DEF beats EF at density {label}: DEF {def_['mean']:.2f} against EF {ef['mean']:.2f} "
-                f"({gap:+.2f} pts; larger seed std {spread:.2f}): **{verdict}**."
-            )
-        if def_ and defa:
-            early = [a - b for a, b in zip(defa["eval_accuracy"], def_["eval_accuracy"], strict=True)]
-            first = ", ".join(f"step {s}: {d:+.2f}" for s, d in zip(def_["eval_steps"], early, strict=True))
-            ahead = early[0] > 0
-            out.append(
-                f"- DEF-A generalises faster early (density {label}): DEF-A - DEF test accuracy by "
-                f"evaluation ({first} pts; mean over seeds): **{'reproduced' if ahead else 'not reproduced'}** "
-                "at the first evaluation. DEF-A here is the authors' code's variant and sends 3x DEF's bits."
-            )
+def _early(seeds: dict[int, dict[str, Any]], metric: str) -> dict[int, float]:
+    """seed -> the evaluation-curve metric at the evaluation nearest EARLY of the run."""
+    out = {}
+    for seed, run in seeds.items():
+        evals, last = run["eval"], run["eval"][-1]["step"]
+        row = min(evals, key=lambda e: abs(e["step"] - EARLY * last))
+        out[seed] = 100 * row["test_accuracy"] if metric == "accuracy" else row["test_loss"]
     return out
 
 
-def markdown(rows: list[dict[str, Any]], scale: str) -> str:
-    seeds = rows[0]["seeds"]
-    out = [
-        f"# DEF and random block sparsification: results at scale `{scale}`\n",
-        "Generated by `python -m papers.random_block.report` from `results/random_block/runs/` (small VGG, "
-        f"width 0.25, CIFAR-10, 4 gloo ranks, seeds {', '.join(str(i) for i in range(seeds))}). Final test "
-        "accuracy (%), mean ± std over seeds. Bits: what each rank handed to collectives per step, counted "
-        "from the wire tensors; compression = dense fp32 bits / those. EF, DEF and DEF-A are error feedback "
-        "on the momentum update (the authors' `ef.py` / `Def.py`), evaluated at x - mean(e).\n",
-        "## Accuracy against density\n",
-        "| variant | " + " | ".join(f"density {d}" for d in DENSITIES.values()) + " |",
-        "|---|" + "---:|" * len(DENSITIES),
-    ]
-    dense = _find(rows, "dense", "dense")
-    if dense:
-        out.append(f"| {VARIANTS['dense']} | " + " | ".join(_cell(dense) for _ in DENSITIES) + " |")
-    for variant in (v for v in VARIANTS if v != "dense"):
-        out.append(
-            f"| {VARIANTS[variant]} | " + " | ".join(_cell(_find(rows, d, variant)) for d in DENSITIES) + " |"
+def best_lr(own: Runs, task: str, density: str, method: str, metric: str) -> str | None:
+    """The run name of ``method`` at ``density`` with the best mean metric over its lr grid."""
+    names = [f"{task}_{density}_{method}_{tag}" for tag in LRS if f"{task}_{density}_{method}_{tag}" in own]
+    if not names:
+        return None
+    sign = 1 if metric == "accuracy" else -1
+    return max(names, key=lambda n: sign * statistics.fmean(values(own, n, metric).values()))
+
+
+def collect(
+    suite: Runs, own: Runs, converged: dict[str, bool]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    tasks = suite_tasks()
+    claims: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = []
+    for task, spec in tasks.items():
+        if f"{task}_def" not in suite:
+            continue
+        metric, tol = spec["metric"], float(spec["tolerance"])
+        ok = converged.get(task, False)
+        better = Claim(lower=0.0) if metric == "accuracy" else Claim(upper=0.0)
+        claims.append(
+            judge_claim(
+                f"{spec['title']}: DEF at 1/16 loses nothing against fp32",
+                values(suite, f"{task}_def", metric),
+                values(suite, f"{task}_fp32", metric),
+                no_loss_claim(metric, tol),
+                metric=metric,
+                baseline_converged=ok,
+            )
         )
-    out += [
-        "\n## Every run\n",
-        "| run | accuracy (%) | accuracy by evaluation (step: %) | bits / step / rank | compression (x) "
-        "| compress (s) | train wall (s) | MLflow run ids |",
-        "|---|---:|---|---:|---:|---:|---:|---|",
+        rows.append(
+            {
+                "task": task,
+                "run": f"{task}_def",
+                "method": "def",
+                "density": "d16",
+                "lr": 0.4,
+                "source": "suite",
+                "best": True,
+                **summarize(suite[f"{task}_def"], metric),
+                "_seeds": suite[f"{task}_def"],
+            }
+        )
+        if f"{task}_d16_ef" in own:  # the recipe's lr for both
+            claims.append(
+                judge_claim(
+                    f"{spec['title']}: DEF beats classic EF at 1/16 (lr 0.4 both)",
+                    values(suite, f"{task}_def", metric),
+                    values(own, f"{task}_d16_ef", metric),
+                    better,
+                    metric=metric,
+                    baseline_converged=ok,
+                )
+            )
+            rows.append(
+                {
+                    "task": task,
+                    "run": f"{task}_d16_ef",
+                    "method": "ef",
+                    "density": "d16",
+                    "lr": 0.4,
+                    "source": PIPELINE,
+                    "best": True,
+                    **summarize(own[f"{task}_d16_ef"], metric),
+                    "_seeds": own[f"{task}_d16_ef"],
+                }
+            )
+        for density, label in DENSITIES.items():
+            found = {m: best_lr(own, task, density, m, metric) for m in METHODS}
+            best = {m: run for m, run in found.items() if run is not None}
+            if len(best) < len(METHODS):
+                continue
+            for method in METHODS:
+                for tag, lr in LRS.items():
+                    run = f"{task}_{density}_{method}_{tag}"
+                    if run in own:
+                        rows.append(
+                            {
+                                "task": task,
+                                "run": run,
+                                "method": method,
+                                "density": density,
+                                "lr": lr,
+                                "source": PIPELINE,
+                                "best": run == best[method],
+                                **summarize(own[run], metric),
+                                "_seeds": own[run],
+                            }
+                        )
+            claims.append(
+                judge_claim(
+                    f"{spec['title']}: DEF beats classic EF at {label} (each at its best lr: "
+                    f"{_lr(best['def'])} / {_lr(best['ef'])})",
+                    values(own, best["def"], metric),
+                    values(own, best["ef"], metric),
+                    better,
+                    metric=metric,
+                    baseline_converged=ok,
+                )
+            )
+            claims.append(
+                judge_claim(
+                    f"{spec['title']}: DEF-A ahead of DEF at {int(100 * EARLY)} % of training, {label} "
+                    f"(best lr: {_lr(best['defa'])} / {_lr(best['def'])})",
+                    _early(own[best["defa"]], metric),
+                    _early(own[best["def"]], metric),
+                    better,
+                    metric=metric,
+                    baseline_converged=ok,
+                )
+            )
+    if not claims:
+        raise SystemExit("error: the suite has no DEF runs: dvc repro pipelines/suite/dvc.yaml")
+    return claims, rows
+
+
+def _lr(run: str) -> str:
+    return str(LRS[run.rsplit("_", 1)[1]])
+
+
+def _fmt(value: float, metric: str) -> str:
+    return f"{value:.2f}" if metric == "accuracy" else f"{value:.4f}"
+
+
+def markdown(claims: list[dict[str, Any]], rows: list[dict[str, Any]], scale: str) -> str:
+    tasks = suite_tasks()
+    shas = sorted({r["git_sha"] for r in rows})
+    out = [
+        f"# DEF / DEF-A with random block sparsification: results at scale `{scale}`\n",
+        "Generated by `python -m papers.random_block.report` from the suite's DEF and fp32 runs (`results/suite/`) "
+        "and this pipeline's comparison runs (`results/random_block/runs/`), 2 gloo ranks, the suite's recipes; "
+        f"runs at git {', '.join(shas)}. Metric: the whole test split (the evaluate stage). Best lr: the grid "
+        "point with the higher mean over seeds (marked *).\n",
+        "## Claims\n",
+        "Verdicts by `common/verdict.py`: the difference with a 95 % Student-t interval over seeds, paired by "
+        "seed; inconclusive when the interval straddles a bound, with too few seeds, or when the suite's fp32 "
+        "has not plateaued.\n",
+        claims_table(claims),
+        "## Runs\n",
+        "| task | method | density | lr | seeds | metric (mean ± std) | bits / step / rank | compression (x) "
+        "| train wall (s) | MLflow run ids |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
-        evals = ", ".join(f"{s}: {a:.1f}" for s, a in zip(r["eval_steps"], r["eval_accuracy"], strict=True))
+        metric = tasks[r["task"]]["metric"]
         out.append(
-            f"| {r['run']} | {_cell(r)} | {evals} | {r['bits_per_step']:,.0f} | {r['compression_factor']:.1f} "
-            f"| {r['compress_seconds']:.2f} | {r['wall_seconds']:.1f} "
-            f"| {', '.join(f'`{i}`' for i in r['mlflow_run_ids'])} |"
+            f"| {tasks[r['task']]['title']} | {METHODS[r['method']]}{' (suite)' if r['source'] == 'suite' else ''} "
+            f"| {DENSITIES[r['density']]} | {r['lr']}{' *' if r['best'] else ''} | {len(r['seeds'])} "
+            f"| {_fmt(r['mean'], metric)} ± {_fmt(r['std'], metric)} | {r['bits_per_step']:,.0f} "
+            f"| {r['compression_factor']:.1f} | {r['wall_seconds']:.1f} "
+            f"| {', '.join(f'`{i}`' for i in r['mlflow_run_ids'] if i)} |"
         )
-    out += ["\n## The claims\n", *claims(rows)]
     return "\n".join(out) + "\n"
 
 
 def plot_curves(rows: list[dict[str, Any]], path: Path) -> None:
+    """Per task and density: the best-lr curve of each method (mean over seeds)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, len(DENSITIES), figsize=(6.5 * len(DENSITIES), 8), squeeze=False)
-    for col, (density, label) in enumerate(DENSITIES.items()):
-        for r in rows:
-            if r["density"] not in (density, "dense"):
-                continue
-            style = ":" if r["variant"] == "dense" else "--" if not r["variant"].startswith("block") else "-"
-            steps = [row["step"] for row in r["_train"][0]]
-            loss = [statistics.fmean(c[i]["train_loss"] for c in r["_train"]) for i in range(len(steps))]
-            axes[0][col].plot(steps, loss, style, label=VARIANTS[r["variant"]])
-            axes[1][col].plot(
-                r["eval_steps"], r["eval_accuracy"], style, marker="o", label=VARIANTS[r["variant"]]
-            )
-        axes[0][col].set(title=f"density {label}", xlabel="step", ylabel="training loss, mean over seeds")
-        axes[0][col].set_yscale("log")  # classic EF diverges here: hundreds against ~2
-        axes[1][col].set(xlabel="step", ylabel="test accuracy (%), mean over seeds")
+    tasks = suite_tasks()
+    panels = sorted({(r["task"], r["density"]) for r in rows}, key=lambda p: (list(tasks).index(p[0]), p[1]))
+    fig, axes = plt.subplots(2, len(panels), figsize=(5.5 * len(panels), 8), squeeze=False)
+    for col, (task, density) in enumerate(panels):
+        metric = tasks[task]["metric"]
+        key, scale = ("test_accuracy", 100) if metric == "accuracy" else ("test_loss", 1)
+        for r in (r for r in rows if (r["task"], r["density"]) == (task, density) and r["best"]):
+            seeds = list(r["_seeds"].values())
+            style = {"label": f"{r['method']} (lr {r['lr']})", "color": method_color(r["method"])}
+            steps = [e["step"] for e in seeds[0]["eval"]]
+            axes[0][col].plot(steps, [statistics.fmean(scale * s["eval"][i][key] for s in seeds) for i in range(len(steps))],
+                              marker=".", **style)  # fmt: skip
+            tsteps = [t["step"] for t in seeds[0]["train"]]
+            axes[1][col].plot(tsteps, [statistics.fmean(s["train"][i]["train_loss"] for s in seeds) for i in range(len(tsteps))],
+                              **style)  # fmt: skip
+        label = "test accuracy (%)" if metric == "accuracy" else "test loss (nats)"
+        axes[0][col].set(
+            title=f"{tasks[task]['title']}, {DENSITIES[density]}",
+            xlabel="step",
+            ylabel=f"{label}, mean over seeds",
+        )
+        axes[1][col].set(xlabel="step", ylabel="training loss, mean over seeds", yscale="log")
+        readable_log_axis(axes[1][col])
     save_panels(fig, axes, path)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--suite", default=str(RESULTS_DIR / "suite"), help="the suite's results folder")
+    parser.add_argument("--root", default=str(RESULTS_DIR / PIPELINE), help="this pipeline's results folder")
+    args = parser.parse_args(argv)
     quiet_environment()
-    rows = collect()
-    finish_report(PIPELINE, rows, markdown(rows, load_params(PIPELINE)["scale"]), plot_curves, "mean")
+    suite_root, out = Path(args.suite), Path(args.root)
+    claims, rows = collect(load_runs(suite_root), load_runs(out), suite_convergence(suite_root))
+    scale = load_params(PIPELINE)["scale"]
+    text = markdown(claims, rows, scale)
+    atomic_write_text(out / "report.md", text)
+    public = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
+    atomic_write_json(
+        out / "report.json", finite({"pipeline": PIPELINE, "scale": scale, "claims": claims, "rows": public})
+    )
+    plot_curves(rows, out / "curves.png")
+    log_report(PIPELINE, [out / "report.md", out / "report.json", out / "curves.png"])
+    print(text)
 
 
 if __name__ == "__main__":

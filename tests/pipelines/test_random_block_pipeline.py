@@ -1,47 +1,82 @@
-"""DEF with random blocks end to end at smoke scale: several runs in one launch of 2 gloo ranks."""
+"""DEF with random blocks end to end at smoke scale: EF / DEF / DEF-A derived from the suite's DEF
+run (one launch of 2 gloo ranks), evaluated, then the report judging them at their best lr."""
 
 from __future__ import annotations
 
 import json
-import os
 import sys
+from pathlib import Path
+
+import pytest
+import yaml
 
 from common.paths import REPO_ROOT
 from pipelines.common import load_params
 from pipelines.train import resolve_config
-from tests.helpers.processes import run_group
+from tests.pipelines.conftest import run_steps, tracking_env
+
+RUNS = ",".join(f"fmnist_d16_{m}_{lr}" for m in ("ef", "def", "defa") for lr in ("lr04", "lr01"))
 
 
-def test_one_launch_trains_def_defa_and_topk_and_counts_what_they_send(tmp_path):
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
-    command = [
+@pytest.fixture(scope="module")
+def random_block(suite_smoke, tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("random_block")
+    launch = [
         sys.executable,
         "-m",
         "pipelines.launch",
         "random_block",
-        "d16_block_def,d16_block_defa,d16_topk_ef",
+        RUNS,
+        "--scale",
+        "smoke",
+        "--seeds",
+        "0",
     ]
-    result = run_group(
-        [*command, "--scale", "smoke", "--seeds", "0", "--out", str(tmp_path / "runs")],
-        cwd=REPO_ROOT,
-        env=env,
-        timeout=400,
+    run_steps(
+        [
+            [*launch, "--out", str(root / "runs" / "fmnist_d16")],
+            [sys.executable, "-m", "pipelines.evaluate", "random_block", "fmnist_d16", "--root", str(root)],
+            [
+                sys.executable,
+                "-m",
+                "papers.random_block.report",
+                "--suite",
+                str(suite_smoke),
+                "--root",
+                str(root),
+            ],
+        ],
+        tracking_env(root),
     )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    metrics = {
-        run: json.loads((tmp_path / "runs" / run / "seed0" / "metrics.json").read_text())
-        for run in ("d16_block_def", "d16_block_defa", "d16_topk_ef")
-    }
-    # one block of ceil(n / 16) fp32 values per tensor and nothing else: 16x, a little less for
-    # the rounding up of small tensors (biases, BatchNorm)
-    assert 14 < metrics["d16_block_def"]["compression_factor"] <= 16
+    return root
+
+
+def _metrics(root: Path, run: str) -> dict:
+    return json.loads((root / "runs" / "fmnist_d16" / run / "seed0" / "metrics.json").read_text())
+
+
+def test_blocks_are_what_is_sent_and_defa_sends_three(random_block):
+    # one block of ceil(n / 16) fp32 values per tensor and nothing else: 16x, less for the
+    # rounding up of small tensors (BatchNorm shifts, the whitening bias)
+    ef, defa = _metrics(random_block, "fmnist_d16_ef_lr04"), _metrics(random_block, "fmnist_d16_defa_lr04")
+    assert 12 < ef["compression_factor"] <= 16
     # DEF-A also averages the errors and the momentum through blocks: three blocks per tensor
-    ratio = metrics["d16_block_def"]["compression_factor"] / metrics["d16_block_defa"]["compression_factor"]
-    assert abs(ratio - 3) < 1e-6
-    # top-k sends int32 indices with its values, through an all-gather (sizes known: no exchange)
-    assert 7 < metrics["d16_topk_ef"]["compression_factor"] <= 8
-    evals = (tmp_path / "runs" / "d16_block_def" / "seed0" / "eval_curve.csv").read_text().splitlines()
-    assert len(evals) == 1 + 2  # header + evaluations at steps 3 and 6
+    assert ef["compression_factor"] / defa["compression_factor"] == pytest.approx(3)
+
+
+def test_report_picks_the_best_lr_and_judges_def_against_ef(random_block):
+    report = json.loads((random_block / "report.json").read_text())
+    claims = [c["claim"] for c in report["claims"]]
+    assert any("DEF at 1/16 loses nothing against fp32" in c for c in claims)
+    assert any("DEF beats classic EF at 1/16 (each at its best lr" in c for c in claims)
+    assert any("DEF-A ahead of DEF at 30 % of training, 1/16" in c for c in claims)
+    best = [r for r in report["rows"] if r["source"] == "random_block" and r["best"]]
+    assert sorted(r["method"] for r in best) == ["def", "defa", "ef"]  # one best lr each
+    by_run = {r["run"]: r for r in report["rows"] if r["source"] == "random_block"}
+    for method in ("ef", "def", "defa"):
+        a, b = by_run[f"fmnist_d16_{method}_lr04"], by_run[f"fmnist_d16_{method}_lr01"]
+        assert a["best"] != b["best"] and (a["mean"] >= b["mean"]) == a["best"]
+    assert all(c["verdict"] == "inconclusive" for c in report["claims"])  # 1-2 seeds at smoke
 
 
 def test_every_run_composes_and_the_dvc_stages_list_every_run():
@@ -49,11 +84,6 @@ def test_every_run_composes_and_the_dvc_stages_list_every_run():
     for scale in params["scales"]:
         for run in params["runs"]:
             resolve_config("random_block", run, scale)
-    text = (REPO_ROOT / "pipelines" / "random_block" / "dvc.yaml").read_text()
-    listed = {
-        r
-        for line in text.splitlines()
-        if line.strip().startswith(("d16:", "d64:"))
-        for r in line.split(":", 1)[1].strip().split(",")
-    }
-    assert listed == {r for r in params["runs"] if not r.startswith("paper_")}
+    stages = yaml.safe_load((REPO_ROOT / "pipelines" / "random_block" / "dvc.yaml").read_text())["stages"]
+    listed = [r for g in stages["train"]["foreach"].values() for r in g.split(",")]
+    assert sorted(listed) == sorted(r for r in params["runs"] if not r.startswith("paper_"))
