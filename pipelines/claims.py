@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -177,3 +179,49 @@ def finite(value: Any) -> Any:
     if isinstance(value, list):
         return [finite(v) for v in value]
     return value
+
+
+@dataclass
+class PaperReport:
+    """What a paper's report stage writes: its markdown, claims and rows (``report.json``, without
+    the rows' private ``_`` keys), figures (file name -> a function drawing it to a path) and any
+    further ``report.json`` keys."""
+
+    text: str
+    claims: list[dict[str, Any]]
+    rows: list[dict[str, Any]]
+    figures: dict[str, Callable[[Path], None]] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def paper_report_main(
+    pipeline: str,
+    doc: str | None,
+    build: Callable[[Path, Path, str], PaperReport],
+    argv: list[str] | None = None,
+) -> None:
+    """A paper's report stage: ``--suite`` (the suite's results) and ``--root`` (this pipeline's),
+    ``build(suite_root, root, scale)``, then ``report.md``, ``report.json``, the figures, the
+    report's MLflow run (``log_report``) and the text on stdout."""
+    import argparse
+
+    from common.fileio import atomic_write_json, atomic_write_text
+    from pipelines.common import quiet_environment
+    from pipelines.report import log_report
+
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--suite", default=str(RESULTS_DIR / "suite"), help="the suite's results folder")
+    parser.add_argument("--root", default=str(RESULTS_DIR / pipeline), help="this pipeline's results folder")
+    args = parser.parse_args(argv)
+    quiet_environment()
+    out = Path(args.root)
+    scale = load_params(pipeline)["scale"]
+    report = build(Path(args.suite), out, scale)
+    atomic_write_text(out / "report.md", report.text)
+    public = [{k: v for k, v in r.items() if not k.startswith("_")} for r in report.rows]
+    payload = {"pipeline": pipeline, "scale": scale, "claims": report.claims, "rows": public, **report.extra}
+    atomic_write_json(out / "report.json", finite(payload))
+    for name, draw in report.figures.items():
+        draw(out / name)
+    log_report(pipeline, [out / "report.md", out / "report.json", *(out / name for name in report.figures)])
+    print(report.text)

@@ -18,28 +18,26 @@ Writes ``report.md``, ``report.json`` and ``curves.png``.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 from pathlib import Path
 from typing import Any
 
-from common.fileio import atomic_write_json, atomic_write_text
 from common.plots import method_color
 from common.verdict import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
 from pipelines.claims import (
+    PaperReport,
     Runs,
     claims_table,
-    finite,
     judge_claim,
     load_runs,
     metric_value,
     no_loss_claim,
+    paper_report_main,
     suite_convergence,
     suite_tasks,
     values,
 )
-from pipelines.common import RESULTS_DIR, load_params, quiet_environment
-from pipelines.report import log_report, save_panels
+from pipelines.report import save_panels
 
 PIPELINE = "exdyna"
 SELECTORS = {
@@ -315,42 +313,23 @@ def plot_curves(rows: list[dict[str, Any]], path: Path) -> None:
     save_panels(fig, axes, path)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--suite", default=str(RESULTS_DIR / "suite"), help="the suite's results folder")
-    parser.add_argument("--root", default=str(RESULTS_DIR / PIPELINE), help="this pipeline's results folder")
-    args = parser.parse_args(argv)
-    quiet_environment()
-    suite_root, out = Path(args.suite), Path(args.root)
+def build(suite_root: Path, out: Path, scale: str) -> PaperReport:
     suite, own = load_runs(suite_root), load_runs(out, require_evaluation=False)
     rows = collect(suite, own)
     step_claims = per_step_claims(rows)
-    acc_claims = accuracy_claims(
-        suite,
-        {r: s for r, s in own.items() if all(x["evaluation"] for x in s.values())},
-        suite_convergence(suite_root),
+    evaluated = {r: s for r, s in own.items() if all(x["evaluation"] for x in s.values())}
+    acc_claims = accuracy_claims(suite, evaluated, suite_convergence(suite_root))
+    return PaperReport(
+        markdown(rows, step_claims, acc_claims, scale),
+        acc_claims,
+        rows,
+        {"curves.png": lambda path: plot_curves(rows, path)},
+        {"per_step_claims": step_claims},
     )
-    scale = load_params(PIPELINE)["scale"]
-    text = markdown(rows, step_claims, acc_claims, scale)
-    atomic_write_text(out / "report.md", text)
-    public = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
-    atomic_write_json(
-        out / "report.json",
-        finite(
-            {
-                "pipeline": PIPELINE,
-                "scale": scale,
-                "claims": acc_claims,
-                "per_step_claims": step_claims,
-                "rows": public,
-            }
-        ),
-    )
-    plot_curves(rows, out / "curves.png")
-    log_report(PIPELINE, [out / "report.md", out / "report.json", out / "curves.png"])
-    print(text)
+
+
+def main(argv: list[str] | None = None) -> None:
+    paper_report_main(PIPELINE, __doc__, build, argv)
 
 
 if __name__ == "__main__":

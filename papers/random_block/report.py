@@ -19,28 +19,26 @@ Writes ``report.md``, ``report.json`` and ``curves.png``.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 from pathlib import Path
 from typing import Any
 
-from common.fileio import atomic_write_json, atomic_write_text
 from common.plots import method_color, readable_log_axis
 from common.verdict import Claim
 from pipelines.claims import (
+    PaperReport,
     Runs,
     claims_table,
-    finite,
     judge_claim,
     load_runs,
     no_loss_claim,
+    paper_report_main,
     suite_convergence,
     suite_tasks,
     summarize,
     values,
 )
-from pipelines.common import RESULTS_DIR, load_params, quiet_environment
-from pipelines.report import log_report, save_panels
+from pipelines.report import save_panels
 
 PIPELINE = "random_block"
 METHODS = {"ef": "classic EF (mu 0)", "def": "DEF (mu 0.3)", "defa": "DEF-A (mu 0.3, averaged every step)"}
@@ -248,26 +246,15 @@ def plot_curves(rows: list[dict[str, Any]], path: Path) -> None:
     save_panels(fig, axes, path)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--suite", default=str(RESULTS_DIR / "suite"), help="the suite's results folder")
-    parser.add_argument("--root", default=str(RESULTS_DIR / PIPELINE), help="this pipeline's results folder")
-    args = parser.parse_args(argv)
-    quiet_environment()
-    suite_root, out = Path(args.suite), Path(args.root)
+def build(suite_root: Path, out: Path, scale: str) -> PaperReport:
     claims, rows = collect(load_runs(suite_root), load_runs(out), suite_convergence(suite_root))
-    scale = load_params(PIPELINE)["scale"]
-    text = markdown(claims, rows, scale)
-    atomic_write_text(out / "report.md", text)
-    public = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
-    atomic_write_json(
-        out / "report.json", finite({"pipeline": PIPELINE, "scale": scale, "claims": claims, "rows": public})
+    return PaperReport(
+        markdown(claims, rows, scale), claims, rows, {"curves.png": lambda path: plot_curves(rows, path)}
     )
-    plot_curves(rows, out / "curves.png")
-    log_report(PIPELINE, [out / "report.md", out / "report.json", out / "curves.png"])
-    print(text)
+
+
+def main(argv: list[str] | None = None) -> None:
+    paper_report_main(PIPELINE, __doc__, build, argv)
 
 
 if __name__ == "__main__":

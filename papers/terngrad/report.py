@@ -14,7 +14,6 @@ performance model with our measured parameters, to 512 workers).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import statistics
@@ -22,24 +21,24 @@ from pathlib import Path
 from typing import Any
 
 from common import costmodel
-from common.fileio import atomic_write_json, atomic_write_text
 from common.plots import method_color, readable_log_axis
 from common.verdict import Claim
 from papers.terngrad import perf_model
 from pipelines.claims import (
+    PaperReport,
     Runs,
     claims_table,
-    finite,
     judge_claim,
     load_runs,
     no_loss_claim,
+    paper_report_main,
     suite_convergence,
     suite_tasks,
     summarize,
     values,
 )
-from pipelines.common import RESULTS_DIR, load_params, quiet_environment
-from pipelines.report import log_report, save_panels
+from pipelines.common import RESULTS_DIR, load_params
+from pipelines.report import save_panels
 
 PIPELINE = "terngrad"
 VARIANTS = {
@@ -176,7 +175,7 @@ def plot_curves(rows: list[dict[str, Any]], path: Path) -> None:
     save_panels(fig, axes, path)
 
 
-def perf_section(rows: list[dict[str, Any]], out: Path) -> tuple[str, list[dict[str, Any]]]:
+def perf_section(rows: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
     fit = RESULTS_DIR / "costmodel" / "fit.json"
     if not fit.exists():
         return (
@@ -192,11 +191,6 @@ def perf_section(rows: list[dict[str, Any]], out: Path) -> tuple[str, list[dict[
     rates = [costmodel.parse_rate(r) for r in settings.get("bandwidths", ("1gbit", "10gbit"))]
     runs = [(r["_measured"], r["variant"] != "fp32") for r in rows if r["variant"] in ("fp32", "terngrad")]
     perf_rows = perf_model.throughput_table(runs, params, rates=rates)
-    perf_model.plot(
-        perf_rows,
-        out / "perf_model.png",
-        "TernGrad's performance model, measured compute and traffic, calibrated links (results/costmodel)",
-    )
     text = (
         "\n## Performance model (modelled samples / s)\n\n"
         "Per-step compute (the slowest rank's, compression included) and traffic measured in the suite's "
@@ -223,31 +217,22 @@ def perf_section(rows: list[dict[str, Any]], out: Path) -> tuple[str, list[dict[
     return text, perf_rows
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--suite", default=str(RESULTS_DIR / "suite"), help="the suite's results folder")
-    parser.add_argument("--root", default=str(RESULTS_DIR / PIPELINE), help="this pipeline's results folder")
-    args = parser.parse_args(argv)
-    quiet_environment()
-    suite_root, out = Path(args.suite), Path(args.root)
+def build(suite_root: Path, out: Path, scale: str) -> PaperReport:
     claims, rows = collect(load_runs(suite_root), load_runs(out), suite_convergence(suite_root))
-    scale = load_params(PIPELINE)["scale"]
-    text = markdown(claims, rows, scale)
-    perf_text, perf_rows = perf_section(rows, out)
-    text += perf_text
-    atomic_write_text(out / "report.md", text)
-    public = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
-    atomic_write_json(
-        out / "report.json",
-        finite(
-            {"pipeline": PIPELINE, "scale": scale, "claims": claims, "rows": public, "perf_model": perf_rows}
-        ),
+    perf_text, perf_rows = perf_section(rows)
+    figures = {"curves.png": lambda path: plot_curves(rows, path)}
+    if perf_rows:
+        title = (
+            "TernGrad's performance model, measured compute and traffic, calibrated links (results/costmodel)"
+        )
+        figures["perf_model.png"] = lambda path: perf_model.plot(perf_rows, path, title)
+    return PaperReport(
+        markdown(claims, rows, scale) + perf_text, claims, rows, figures, {"perf_model": perf_rows}
     )
-    plot_curves(rows, out / "curves.png")
-    log_report(PIPELINE, [out / "report.md", out / "report.json", out / "curves.png", out / "perf_model.png"])
-    print(text)
+
+
+def main(argv: list[str] | None = None) -> None:
+    paper_report_main(PIPELINE, __doc__, build, argv)
 
 
 if __name__ == "__main__":

@@ -56,3 +56,20 @@ def suite_smoke(tmp_path_factory) -> Path:
         tracking_env(root),
     )
     return root
+
+
+def train_evaluate_report(
+    pipeline: str, runs: str, group: str, seeds: str, suite_root: Path, root: Path, report: str
+) -> Path:
+    """A paper pipeline at smoke scale in ``root``: its ``runs`` (one launch) into ``runs/<group>``,
+    the evaluate stage, then its report module against the suite's results in ``suite_root``."""
+    launch = [sys.executable, "-m", "pipelines.launch", pipeline, runs, "--scale", "smoke", "--seeds", seeds]
+    run_steps(
+        [
+            [*launch, "--out", str(root / "runs" / group)],
+            [sys.executable, "-m", "pipelines.evaluate", pipeline, group, "--root", str(root)],
+            [sys.executable, "-m", report, "--suite", str(suite_root), "--root", str(root)],
+        ],
+        tracking_env(root),
+    )
+    return root

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,7 @@ import yaml
 from common.paths import REPO_ROOT
 from pipelines.common import load_params
 from pipelines.train import resolve_config
-from tests.pipelines.conftest import run_steps, tracking_env
+from tests.pipelines.conftest import train_evaluate_report
 
 LADDER = "shakespeare_gd,shakespeare_mc,shakespeare_mask"
 
@@ -21,34 +20,9 @@ LADDER = "shakespeare_gd,shakespeare_mc,shakespeare_mask"
 @pytest.fixture(scope="module")
 def dgc_qsgd(suite_smoke, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("dgc_qsgd")
-    launch = [
-        sys.executable,
-        "-m",
-        "pipelines.launch",
-        "dgc_qsgd",
-        LADDER,
-        "--scale",
-        "smoke",
-        "--seeds",
-        "0,1",
-    ]
-    run_steps(
-        [
-            [*launch, "--out", str(root / "runs" / "shakespeare")],
-            [sys.executable, "-m", "pipelines.evaluate", "dgc_qsgd", "shakespeare", "--root", str(root)],
-            [
-                sys.executable,
-                "-m",
-                "papers.dgc_qsgd.report",
-                "--suite",
-                str(suite_smoke),
-                "--root",
-                str(root),
-            ],
-        ],
-        tracking_env(root),
+    return train_evaluate_report(
+        "dgc_qsgd", LADDER, "shakespeare", "0,1", suite_smoke, root, "papers.dgc_qsgd.report"
     )
-    return root
 
 
 def test_the_ladder_changes_only_the_dgc_options(dgc_qsgd, suite_smoke):

@@ -4,7 +4,6 @@ run (one launch of 2 gloo ranks), evaluated, then the report judging them at the
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,7 @@ import yaml
 from common.paths import REPO_ROOT
 from pipelines.common import load_params
 from pipelines.train import resolve_config
-from tests.pipelines.conftest import run_steps, tracking_env
+from tests.pipelines.conftest import train_evaluate_report
 
 RUNS = ",".join(f"fmnist_d16_{m}_{lr}" for m in ("ef", "def", "defa") for lr in ("lr04", "lr01"))
 
@@ -21,34 +20,9 @@ RUNS = ",".join(f"fmnist_d16_{m}_{lr}" for m in ("ef", "def", "defa") for lr in 
 @pytest.fixture(scope="module")
 def random_block(suite_smoke, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("random_block")
-    launch = [
-        sys.executable,
-        "-m",
-        "pipelines.launch",
-        "random_block",
-        RUNS,
-        "--scale",
-        "smoke",
-        "--seeds",
-        "0",
-    ]
-    run_steps(
-        [
-            [*launch, "--out", str(root / "runs" / "fmnist_d16")],
-            [sys.executable, "-m", "pipelines.evaluate", "random_block", "fmnist_d16", "--root", str(root)],
-            [
-                sys.executable,
-                "-m",
-                "papers.random_block.report",
-                "--suite",
-                str(suite_smoke),
-                "--root",
-                str(root),
-            ],
-        ],
-        tracking_env(root),
+    return train_evaluate_report(
+        "random_block", RUNS, "fmnist_d16", "0", suite_smoke, root, "papers.random_block.report"
     )
-    return root
 
 
 def _metrics(root: Path, run: str) -> dict:

@@ -11,7 +11,7 @@ import pytest
 
 from common.paths import REPO_ROOT
 from tests.helpers.processes import run_group
-from tests.pipelines.conftest import run_steps, tracking_env
+from tests.pipelines.conftest import tracking_env, train_evaluate_report
 
 ABLATIONS = "fmnist_noclip,fmnist_noshare,fmnist_clipown"
 
@@ -19,34 +19,9 @@ ABLATIONS = "fmnist_noclip,fmnist_noshare,fmnist_clipown"
 @pytest.fixture(scope="module")
 def terngrad(suite_smoke, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("terngrad")
-    launch = [
-        sys.executable,
-        "-m",
-        "pipelines.launch",
-        "terngrad",
-        ABLATIONS,
-        "--scale",
-        "smoke",
-        "--seeds",
-        "0,1",
-    ]
-    run_steps(
-        [
-            [*launch, "--out", str(root / "runs" / "fmnist")],
-            [sys.executable, "-m", "pipelines.evaluate", "terngrad", "fmnist", "--root", str(root)],
-            [
-                sys.executable,
-                "-m",
-                "papers.terngrad.report",
-                "--suite",
-                str(suite_smoke),
-                "--root",
-                str(root),
-            ],
-        ],
-        tracking_env(root),
+    return train_evaluate_report(
+        "terngrad", ABLATIONS, "fmnist", "0,1", suite_smoke, root, "papers.terngrad.report"
     )
-    return root
 
 
 def _read(folder: Path) -> dict:
