@@ -120,7 +120,9 @@ def launch_shaped(runs: list[str], rate: str, out: Path, scale: str | None) -> N
     for run in runs:
         shutil.rmtree(out / run / "seed0" / "ckpt", ignore_errors=True)
     command = [sys.executable, "-m", "pipelines.launch", "suite", ",".join(runs), "--seeds", "0"]
-    command += ["--net-bandwidth", rate, "--out", str(out)]
+    # one run writes straight into --out/seed<k>, several into --out/<run>/seed<k>: always the latter
+    target = out / runs[0] if len(runs) == 1 else out
+    command += ["--net-bandwidth", rate, "--out", str(target)]
     command += ["--scale", scale] if scale else []
     log.info("%s at %s", ",".join(runs), rate)
     process = subprocess.Popen(command)
@@ -434,6 +436,14 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument(
         "--out", default=str(OUT), help="this stage's results folder (default: results/leaderboard)"
+    )
+    parser.add_argument("--tasks", nargs="+", help="suite tasks to rank (default: params stage.tasks)")
+    parser.add_argument("--methods", nargs="+", help="methods to rank, fp32 among them (default: params)")
+    parser.add_argument(
+        "--bandwidths", nargs="+", help="shaped link rates for the measured task, e.g. 100mbit 1gbit"
+    )
+    parser.add_argument(
+        "--spot-checks", nargs="+", help="measured spot checks of the model, <suite run>@<rate>"
     )
     args = parser.parse_args(argv)
     quiet_environment()
