@@ -398,11 +398,12 @@ def plot(result: dict[str, Any], cfg: Settings, path: Path) -> None:
     fig, axes = plt.subplots(
         len(cfg.tasks),
         1,
-        figsize=(max(8, 1.1 * len(cfg.methods) * len(cfg.bandwidths)), 3.6 * len(cfg.tasks)),
+        figsize=(max(8.0, 0.35 * len(cfg.methods) * len(cfg.bandwidths) + 3), 3.4 * len(cfg.tasks)),
         squeeze=False,
     )
     width = 0.8 / len(cfg.methods)
     for ax, task in zip(axes[:, 0], cfg.tasks, strict=True):
+        missed = []
         for i, method in enumerate(cfg.methods):
             xs, heights = [], []
             for j, rate in enumerate(cfg.bandwidths):
@@ -410,16 +411,24 @@ def plot(result: dict[str, Any], cfg: Settings, path: Path) -> None:
                     r for r in result["rows"] if (r["task"], r["method"], r["rate"]) == (task, method, rate)
                 )
                 value = row.get("measured_seconds", row.get("modelled_seconds", math.nan))
-                xs.append(j + (i - len(cfg.methods) / 2) * width + width / 2)
-                heights.append(value if math.isfinite(value) else 0.0)
-            ax.bar(xs, heights, width, label=method, color=method_color(method))
+                x = j + (i - len(cfg.methods) / 2) * width + width / 2
+                if math.isfinite(value):
+                    xs.append(x)
+                    heights.append(value)
+                else:
+                    missed.append((x, method))
+            ax.bar(xs, heights, width, color=method_color(method))
+            # the legend's entry, also for a method with no bar (its colour, not the default one)
+            ax.plot([], [], marker="s", ls="", color=method_color(method), label=method)
+        for x, method in missed:  # a cross on the axis: this method never reached the target
+            ax.plot([x], [0], marker="x", color=method_color(method), clip_on=False, ms=6, mew=1.5)
         ax.set_xticks(
             range(len(cfg.bandwidths)),
             [costmodel.format_rate(costmodel.parse_rate(r)) for r in cfg.bandwidths],
         )
         kind = "measured" if task == cfg.measured_task else "modelled"
-        ax.set(ylabel=f"time to target (s, {kind}); 0 = not reached", yscale="log",
-               title=suite_tasks()[task]["title"])  # fmt: skip
+        ax.set(ylabel=f"time to target (s, {kind})", title=f"{suite_tasks()[task]['title']}"
+               " (x: target not reached)")  # fmt: skip
     save_panels(fig, axes, path)
 
 
