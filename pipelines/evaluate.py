@@ -19,17 +19,30 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Collection
 from pathlib import Path
 
 from common.fileio import atomic_write_json
 from common.tracking import Tracker, git_sha
 from common.train import MODEL_FILE, evaluate_trained
-from pipelines.common import RESULTS_DIR, quiet_environment, setup_logging
+from pipelines.common import RESULTS_DIR, load_params, quiet_environment, setup_logging
 
 
-def trained_runs(group_dir: Path) -> list[Path]:
-    """The ``<run>/seed<k>`` folders of a group that finished training (their ``metrics.json``)."""
-    return sorted(p.parent for p in group_dir.glob("*/seed*/metrics.json"))
+def trained_runs(group_dir: Path, defined: Collection[str] | None = None) -> list[Path]:
+    """The ``<run>/seed<k>`` folders of a group that finished training (their ``metrics.json``),
+    only those of runs in ``defined`` (the pipeline's params) when given: a folder a run that no
+    longer exists left behind (the train stages' outputs persist) is said and skipped."""
+    folders = sorted(p.parent for p in group_dir.glob("*/seed*/metrics.json"))
+    if defined is None:
+        return folders
+    stale = sorted({f.parent.name for f in folders if f.parent.name not in defined})
+    if stale:
+        print(
+            f"{group_dir}: skipping {', '.join(stale)}: not a run of this pipeline's params.yaml "
+            "(left over from an earlier version; delete the folder to silence this)",
+            file=sys.stderr,
+        )
+    return [f for f in folders if f.parent.name in defined]
 
 
 def evaluate_group(
@@ -39,7 +52,7 @@ def evaluate_group(
     defaults to ``results/<pipeline>``)."""
     root = root or RESULTS_DIR / pipeline
     runs_dir = root / "runs" / group
-    folders = trained_runs(runs_dir)
+    folders = trained_runs(runs_dir, load_params(pipeline).get("runs") or {})
     if not folders:
         raise SystemExit(
             f"error: no trained runs in {runs_dir}: run the group's train stage first "
