@@ -17,7 +17,7 @@ unavailable (the run is tagged ``network=host``).
 
 Repeats of one run share one start-up (torchrun, imports, data, MLflow: ~30 s on 2 cores)::
 
-    python -m pipelines.launch terngrad mnist_fp32 --seeds 0,1,2 --out results/terngrad/runs/mnist_fp32
+    python -m pipelines.launch terngrad fmnist_noclip --seeds 0,1,2 --out /tmp/fmnist_noclip
 
 trains seed 0, then 1, then 2 in the same ranks, into ``<out>/seed<k>/``. A rank that dies restarts
 the whole list; seeds already finished are trained again (their checkpoints are complete, and a
