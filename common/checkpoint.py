@@ -1,72 +1,200 @@
-"""Checkpoints that survive a killed worker and never leave a half-written state behind.
+"""Checkpoints that survive a killed worker, a torn write and a flipped bit.
 
 Layout under ``root/<config fingerprint>/``::
 
-    step-000120/rank0.pt, rank1.pt, ...   one file per rank (error-feedback residuals and RNG
-                                          states differ between ranks)
-    latest.json                           {"step": 120, "complete": false, "world_size": 4}
+    step-000120/rank0.pt, rank1.pt, ...          one file per rank (error-feedback residuals and
+                                                 RNG states differ between ranks)
+    step-000120/rank0.sha256, rank1.sha256, ...  each file's SHA-256, written after the file
+    latest.json                                  {"step": 120, "steps": [120, 100], "complete": false,
+                                                  "world_size": 4}
 
-Each rank writes its file atomically; after a barrier, rank 0 replaces ``latest.json`` atomically
-and only then removes older step folders. A crash at any point leaves the previous checkpoint
-readable. A run resumes from ``latest.json`` unless it is marked complete (a finished run started
-again trains from scratch; its files stay until the new run's first checkpoint replaces them).
+Each rank writes its tensors atomically, then their hash; after a barrier, rank 0 replaces
+``latest.json`` atomically and only then removes step folders beyond the last ``keep``. A crash at
+any point leaves the previous checkpoints readable.
+
+Resume (:meth:`Checkpointer.resume_step`, a collective): every rank verifies its own file of each
+kept step against its hash; the ranks then agree on the newest step every rank verified. A damaged
+or missing file costs one warning naming it and a fall-back to the step before; if no kept step is
+intact on every rank the run stops with an error (it never trains on from a damaged state). A run
+whose ``latest.json`` is marked complete starts from scratch (its files stay until the new run's
+first checkpoint replaces them); an unreadable ``latest.json`` is named and the step folders on disk
+are tried instead.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import re
 import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from .distributed import barrier
-from .fileio import atomic_write, atomic_write_json
+from .fileio import atomic_write, atomic_write_json, atomic_write_text
 
 log = logging.getLogger(__name__)
 
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+class CheckpointError(RuntimeError):
+    """No checkpoint can be resumed safely (damaged on some rank, or written by another world size)."""
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
 
 class Checkpointer:
-    def __init__(self, root: str | Path, fingerprint: str, *, rank: int, world_size: int) -> None:
+    def __init__(
+        self, root: str | Path, fingerprint: str, *, rank: int, world_size: int, keep: int = 2
+    ) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1 checkpoint, got {keep!r}")
         self.dir = Path(root) / fingerprint
         self.rank = rank
         self.world_size = world_size
+        self.keep = keep
 
     def _step_dir(self, step: int) -> Path:
         return self.dir / f"step-{step:08d}"
 
-    def latest_step(self) -> int | None:
-        """Step to resume from, or None to start fresh."""
+    def _file(self, step: int) -> Path:
+        return self._step_dir(step) / f"rank{self.rank}.pt"
+
+    # -- resume ------------------------------------------------------------------------------------
+
+    def _candidates(self) -> tuple[list[int], bool]:
+        """(kept steps, newest first; complete?) from ``latest.json``, else from the folders on disk."""
         marker = self.dir / "latest.json"
+        steps_on_disk = sorted(
+            (int(m.group(1)) for p in self.dir.glob("step-*") if (m := _STEP_DIR.match(p.name))),
+            reverse=True,
+        )
         if not marker.exists():
-            return None
-        info = json.loads(marker.read_text())
-        if info.get("complete"):
-            return None
-        if info.get("world_size") != self.world_size:
-            raise ValueError(
-                f"checkpoint in {self.dir} was written by {info.get('world_size')} ranks, this run has "
+            if steps_on_disk and self.rank == 0:
+                log.warning("%s is missing; trying the step folders on disk: %s", marker, steps_on_disk)
+            return steps_on_disk, False
+        try:
+            info = json.loads(marker.read_text())
+            steps = [int(s) for s in info.get("steps", [info["step"]])]
+            complete, world_size = bool(info.get("complete")), info.get("world_size")
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            if self.rank == 0:
+                log.warning(
+                    "checkpoint marker %s is unreadable (%s: %s); trying the step folders on disk: %s",
+                    marker,
+                    type(error).__name__,
+                    error,
+                    steps_on_disk,
+                )
+            return steps_on_disk, False
+        if world_size != self.world_size:
+            raise CheckpointError(
+                f"checkpoint in {self.dir} was written by {world_size} ranks, this run has "
                 f"{self.world_size}: resume with the same world size, or move the folder away to start fresh"
             )
-        return int(info["step"])
+        return steps, complete
+
+    def verify(self, step: int) -> str | None:
+        """None if this rank's file of ``step`` matches its hash, else what is wrong with it."""
+        path = self._file(step)
+        digest_file = path.with_suffix(".sha256")
+        if not path.exists():
+            return f"{path} is missing"
+        if not digest_file.exists():
+            return f"{path} has no hash ({digest_file.name} is missing: its write did not finish)"
+        try:
+            expected = digest_file.read_text().split()[0]
+            actual = file_sha256(path)
+        except (OSError, IndexError) as error:
+            return f"{path} cannot be verified ({type(error).__name__}: {error})"
+        if actual != expected:
+            return (
+                f"{path} does not match its hash {digest_file.name} (sha256 {actual[:12]} != {expected[:12]})"
+            )
+        return None
+
+    def resume_step(self) -> int | None:
+        """The step every rank resumes from, or None to start fresh. A collective: call on every rank."""
+        candidates, complete = self._candidates()
+        if complete:
+            candidates = []
+        verified = []
+        for step in candidates:
+            problem = self.verify(step)
+            if problem is None:
+                verified.append(step)
+            else:
+                log.warning(
+                    "rank %d: checkpoint step %d is damaged: %s; falling back", self.rank, step, problem
+                )
+        mine = (candidates, verified)
+        if dist.is_available() and dist.is_initialized() and self.world_size > 1:
+            everyone: list[Any] = [None] * self.world_size
+            dist.all_gather_object(everyone, mine)
+        else:
+            everyone = [mine]
+        if not any(c for c, _ in everyone):
+            return None  # no checkpoint anywhere: a fresh run
+        common = set.intersection(*(set(v) for _, v in everyone))
+        if common:
+            step = max(common)
+            newest = max(max(c) for c, _ in everyone if c)
+            if step != newest and self.rank == 0:
+                log.info("all ranks resume from step %d, the newest checkpoint intact on every rank", step)
+            return step
+        report = "; ".join(
+            f"rank {r}: steps {c} on disk, {v or 'none'} intact" for r, (c, v) in enumerate(everyone)
+        )
+        raise CheckpointError(
+            f"no checkpoint in {self.dir} is intact on every rank ({report}): refusing to train on from a "
+            "damaged state. Move that folder away to start the run from scratch"
+        )
 
     def load(self, step: int) -> dict[str, Any]:
-        path = self._step_dir(step) / f"rank{self.rank}.pt"
-        state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=False)
+        path = self._file(step)
+        try:
+            state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as error:  # verified moments ago: only a concurrent writer gets here
+            raise CheckpointError(
+                f"{path} matched its hash but cannot be read ({type(error).__name__}: {error}); is another "
+                "launch writing this run folder?"
+            ) from error
         log.info("rank %d resumed from %s", self.rank, path)
         return state
 
+    # -- save --------------------------------------------------------------------------------------
+
     def save(self, step: int, state: dict[str, Any], *, complete: bool = False) -> None:
-        step_dir = self._step_dir(step)
-        atomic_write(step_dir / f"rank{self.rank}.pt", lambda p: torch.save(state, p))
-        barrier()  # every rank's file is on disk before the marker points at it
+        path = self._file(step)
+        atomic_write(path, lambda p: torch.save(state, p))
+        atomic_write_text(path.with_suffix(".sha256"), f"{file_sha256(path)}  {path.name}\n")
+        barrier()  # every rank's file and hash are on disk before the marker points at them
         if self.rank == 0:
+            kept = [step]
+            try:
+                previous = json.loads((self.dir / "latest.json").read_text())
+                if not previous.get("complete"):
+                    kept += [int(s) for s in previous.get("steps", [previous["step"]]) if int(s) < step]
+            except (OSError, ValueError, KeyError, TypeError):
+                pass  # no (readable) marker: this is the only checkpoint listed
+            kept = kept[: self.keep]
             atomic_write_json(
-                self.dir / "latest.json", {"step": step, "complete": complete, "world_size": self.world_size}
+                self.dir / "latest.json",
+                {"step": step, "steps": kept, "complete": complete, "world_size": self.world_size},
             )
             for old in self.dir.glob("step-*"):
-                if old != step_dir:
+                match = _STEP_DIR.match(old.name)
+                if not match or int(match.group(1)) not in kept:
                     shutil.rmtree(old, ignore_errors=True)
         barrier()

@@ -11,6 +11,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -80,6 +81,11 @@ class RunConfig:
     num_evaluations: int | None = None
     num_logs: int | None = None
     checkpoint_every: int = 100
+    keep_checkpoints: int = 2  # the last N are kept; a damaged newest one falls back to the one before
+    # A rank blocked this long in one collective (a dead or stopped peer) dumps its stack and exits
+    # non-zero instead of waiting for gloo's 30 minutes; longer than any legitimate wait (an
+    # evaluation, rank 0's checkpoint or tracking write).
+    collective_timeout_s: float = 300.0
     seed: int = 0
     world_size: int = 4  # ranks the launcher starts (torchrun --nproc_per_node)
     max_restarts: int = 1  # torchrun --max-restarts: a killed worker resumes from the last checkpoint
@@ -100,6 +106,9 @@ class RunConfig:
 
     def validate(self) -> None:
         """Cheap checks that need no data or model: fail before any process is started."""
+        for f in dataclasses.fields(self):  # the numbers' checks below also say their range
+            if f.name not in _RANGE_CHECKED:
+                check_type(f.name, getattr(self, f.name), _FIELD_TYPES[f.name])
 
         def positive_int(name: str, allow_none: bool = False) -> None:
             value = getattr(self, name)
@@ -117,6 +126,7 @@ class RunConfig:
             "eval_every",
             "log_every",
             "checkpoint_every",
+            "keep_checkpoints",
             "world_size",
         ):
             positive_int(name)
@@ -167,7 +177,8 @@ class RunConfig:
         number("lr_end_factor", 0, 1)
         number("label_smoothing", 0, 1, high_open=True)
         number("grad_clip_norm", 0, math.inf, low_open=True, allow_none=True)
-        for name in ("lr_warmup_steps", "max_restarts"):
+        number("collective_timeout_s", 0, math.inf, low_open=True)
+        for name in ("lr_warmup_steps", "max_restarts", "seed"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
@@ -250,10 +261,63 @@ class RunConfig:
             "num_evaluations",
             "num_logs",
             "checkpoint_every",
+            "keep_checkpoints",
+            "collective_timeout_s",
             "max_restarts",
         }
         values = {k: v for k, v in self.to_dict().items() if k not in ignore}
         return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def _describe(kind: Any) -> str:
+    names = {
+        str: "a string",
+        bool: "true or false",
+        int: "an integer",
+        float: "a number",
+        dict: "a mapping (key: value, or {})",
+        tuple: "a list of integers",
+        type(None): "null",
+    }
+    args = typing.get_args(kind)
+    if args and typing.get_origin(kind) not in (dict, tuple):
+        return " or ".join(_describe(a) for a in args)
+    return names[typing.get_origin(kind) or kind]
+
+
+def _is(value: Any, kind: Any) -> bool:
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if args and origin not in (dict, tuple):  # a union such as int | None
+        return any(_is(value, a) for a in args)
+    if kind is bool:
+        return isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if kind is str:
+        return isinstance(value, str)
+    if kind is type(None):
+        return value is None
+    if origin is dict:
+        return isinstance(value, Mapping) and all(isinstance(k, str) for k in value)
+    if origin is tuple:
+        return isinstance(value, list | tuple)
+    raise TypeError(f"no type check for {kind!r}")  # a new field type: teach _is about it
+
+
+def check_type(name: str, value: Any, kind: Any) -> None:
+    """Raise ValueError naming ``name`` unless ``value`` is of the declared field type ``kind``
+    (YAML gives a bool for true/false, a number for 1 or 0.5, a string for "0.5" or no)."""
+    if not _is(value, kind):
+        raise ValueError(f"{name} must be {_describe(kind)}, got {value!r} ({type(value).__name__})")
+
+
+_FIELD_TYPES = typing.get_type_hints(RunConfig)
+# Fields whose own checks in RunConfig.validate reject a wrong type with their allowed range.
+_RANGE_CHECKED = {
+    name for name, kind in _FIELD_TYPES.items() if kind in (bool, int, float, int | None, float | None)
+}
 
 
 def compose(params: Mapping[str, Any], run: str, scale: str | None = None) -> dict[str, Any]:

@@ -3,13 +3,21 @@
 torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT; without them (a plain
 ``python`` run) the context is a single process and every collective is a no-op.
 Backend: NCCL when CUDA is available, gloo otherwise (``THINWIRE_BACKEND`` overrides).
+
+A launched worker (one with torchrun's ``LOCAL_RANK``) dies with the process that started it
+(:func:`die_with_parent`): torchrun puts workers in sessions of their own, so without it a SIGKILLed
+launcher leaves them training and writing on. Every collective gives up after ``timeout_s``
+(a dead or hung peer costs that long, not gloo's 30 minutes; :func:`is_collective_timeout`).
 """
 
 from __future__ import annotations
 
+import datetime
 import logging
 import os
 import random
+import signal
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,6 +27,35 @@ import torch.distributed as dist
 log = logging.getLogger(__name__)
 
 BACKENDS = ("gloo", "nccl")
+# Set by pipelines.launch (and common.netem.run_workers) to the pid the workers' parent has.
+LAUNCHER_PID_ENV = "THINWIRE_LAUNCHER_PID"
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """Have the kernel SIGKILL this launched worker when its parent (the launcher) dies (Linux).
+
+    If the launcher is already gone (killed while this process imported), exit at once.
+    """
+    if "LOCAL_RANK" not in os.environ or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+        log.warning("prctl(PR_SET_PDEATHSIG) failed (errno %d): this worker may outlive its launcher",
+                    ctypes.get_errno())  # fmt: skip
+        return
+    expected = os.environ.get(LAUNCHER_PID_ENV)
+    parent = os.getppid()
+    if parent == 1 or (expected is not None and expected.isdigit() and int(expected) != parent):
+        log.error("the launcher (pid %s) is gone: this worker exits instead of training on alone", expected)
+        os._exit(1)
+
+
+def is_collective_timeout(error: BaseException) -> bool:
+    """True for the error a collective raises when a peer did not answer within the timeout."""
+    return isinstance(error, RuntimeError) and "Timed out waiting" in str(error)
 
 
 @dataclass(frozen=True)
@@ -34,8 +71,12 @@ class DistContext:
         return self.rank == 0
 
 
-def init_from_env(backend: str | None = None) -> DistContext:
-    """Join the process group described by torchrun's environment variables (if any)."""
+def init_from_env(backend: str | None = None, *, timeout_s: float | None = None) -> DistContext:
+    """Join the process group described by torchrun's environment variables (if any).
+
+    ``timeout_s``: how long any collective may wait for a peer (None: torch's default, 30 min).
+    """
+    die_with_parent()
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -52,7 +93,8 @@ def init_from_env(backend: str | None = None) -> DistContext:
     else:
         device = torch.device("cpu")
     if world_size > 1 and not dist.is_initialized():
-        dist.init_process_group(backend, rank=rank, world_size=world_size)
+        timeout = None if timeout_s is None else datetime.timedelta(seconds=timeout_s)
+        dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout)
         log.info("rank %d/%d joined the %s process group", rank, world_size, backend)
     return DistContext(
         rank=rank, world_size=world_size, local_rank=local_rank, backend=backend, device=device

@@ -18,7 +18,7 @@ qdisc: there is no added delay or loss; latency is the cost model's business
 gloo is pointed at the veth with ``GLOO_SOCKET_IFNAME=tw0`` and ``MASTER_ADDR`` = rank 0's address
 (:meth:`VirtualNetwork.env`). Names carry the creating process id (``tw<pid>n<k>-r<rank>``), so
 :meth:`VirtualNetwork.close` removes exactly what this process made (deleting a namespace deletes
-its veth ends and qdiscs), and :func:`remove_stale` removes only networks whose creator is dead.
+its veth ends and qdiscs), and :func:`remove_stale` removes only networks whose creator is dead and in which nothing runs.
 
 Needs root and iproute2 (``ip``, ``tc``); :func:`check_support` says what is missing and how to fix it.
 """
@@ -105,19 +105,38 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def remove_stale() -> list[str]:
-    """Delete thinwire namespaces whose creating process is gone (a SIGKILLed launcher).
+def namespace_pids(name: str) -> list[int]:
+    """Processes running inside network namespace ``name`` (``ip netns pids``)."""
+    result = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True, check=False)
+    return [int(pid) for pid in result.stdout.split() if pid.isdigit()]
 
-    Only names of our own pattern whose embedded creator pid no longer runs are touched.
+
+def remove_stale() -> list[str]:
+    """Delete thinwire namespaces whose creating process is gone (a SIGKILLed launcher) and in
+    which no process runs.
+
+    Only names of our own pattern whose embedded creator pid no longer runs are candidates; one
+    that still holds processes (a dead launcher's orphaned workers, still training) is left alone
+    with a warning naming them: deleting it would cut their network mid-collective.
     """
-    removed = []
+    removed, busy = [], []
     for name in list_namespaces():
         match = _NAME.match(name)
         if match and not _pid_alive(int(match.group(1))):
+            pids = namespace_pids(name)
+            if pids:
+                busy.append(f"{name} (pids {', '.join(map(str, pids))})")
+                continue
             subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
             removed.append(name)
     if removed:
         log.warning("removed %d stale namespace(s) left by dead launchers: %s", len(removed), removed)
+    if busy:
+        log.warning(
+            "left %d namespace(s) of dead launchers in place: processes still run in them: %s",
+            len(busy),
+            "; ".join(busy),
+        )
     return removed
 
 
@@ -236,10 +255,9 @@ class VirtualNetwork:
         would linger until they exit.
         """
         for name in reversed(self._created):
-            pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True, check=False)
-            for pid in pids.stdout.split():
-                with contextlib.suppress(ProcessLookupError, ValueError):
-                    os.kill(int(pid), 9)
+            for pid in namespace_pids(name):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, 9)
             result = subprocess.run(["ip", "netns", "del", name], capture_output=True, text=True, check=False)
             if result.returncode != 0 and name in list_namespaces():
                 log.error("could not delete namespace %s: %s", name, result.stderr.strip())
@@ -340,6 +358,7 @@ def run_workers(
                     "LOCAL_RANK": str(rank),
                     "LOCAL_WORLD_SIZE": str(network.world_size),
                     "TORCHELASTIC_RESTART_COUNT": str(attempt),
+                    "THINWIRE_LAUNCHER_PID": str(os.getpid()),  # the worker dies with this process
                 }
                 rank_env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun: N workers share the cores
                 # c10d warns on every connection that a namespace has no reverse DNS: harmless

@@ -3,7 +3,10 @@
 The tracking URI comes from ``MLFLOW_TRACKING_URI``; the default is the SQLite file
 ``mlflow.db`` at the repository root (``mlflow ui --backend-store-uri sqlite:///mlflow.db``).
 One experiment per pipeline, one run per stage instance. If the server cannot be reached, or any
-MLflow call fails, the run keeps training: one warning is logged and tracking switches off.
+MLflow call fails, the run keeps training: one warning is logged and tracking switches off. A run
+whose tracking broke after it started is *partial* (:attr:`Tracker.state`; ``run.json`` says so): at
+its end the tracker tries once more to tag the MLflow run ``tracking=partial`` and end it FAILED,
+so it does not stay RUNNING with a silent gap in its metrics.
 ``mlflow`` is imported lazily (it costs 1-2 s), and only on rank 0.
 """
 
@@ -115,6 +118,14 @@ class Tracker:
         self.flush_every = flush_every
         self._client: Any = None
         self._pending: list[Any] = []
+        self.partial = False  # tracking broke after the run was created: its history has gaps
+
+    @property
+    def state(self) -> str:
+        """ "off" (never tracked), "partial" (tracking broke mid-run) or "complete"."""
+        if self.partial:
+            return "partial"
+        return "complete" if self.run_id is not None and self.enabled else "off"
 
     def _fail(self, what: str, error: BaseException) -> None:
         log.warning(
@@ -122,6 +133,8 @@ class Tracker:
         )
         self.enabled = False
         self._client = None
+        if self.run_id is not None:
+            self.partial = True
 
     def start(self, params: Mapping[str, Any], tags: Mapping[str, str]) -> str | None:
         """Start (or resume, if ``run_id`` was given) the run; returns its id or None."""
@@ -131,6 +144,8 @@ class Tracker:
         if not _reachable(uri):
             log.warning("MLflow tracking server %s is unreachable; training continues without tracking", uri)
             self.enabled = False
+            if self.run_id is not None:  # a resumed run: its history so far is there, the rest is not
+                self.partial = True
             return None
         # A server that dies mid-run must cost seconds, not minutes of retries.
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
@@ -187,10 +202,38 @@ class Tracker:
             self._fail("log_artifact", error)
 
     def finish(self, status: str = "FINISHED") -> None:
-        if not self.enabled or self._client is None:
+        if self.enabled and self._client is not None:
+            self.flush()
+            try:
+                self._client.set_terminated(self.run_id, status=status)
+            except Exception as error:
+                self._fail("set_terminated", error)
+        if self.partial:
+            self._mark_partial()
+
+    def _mark_partial(self) -> None:
+        """Tag the run partial and end it FAILED, if the server is back; else say it stays RUNNING."""
+        if self.run_id is None:
             return
-        self.flush()
+        uri = tracking_uri()
         try:
-            self._client.set_terminated(self.run_id, status=status)
+            if not _reachable(uri):
+                raise ConnectionError(f"{uri} is unreachable")
+            from mlflow.tracking import MlflowClient
+
+            client = MlflowClient(tracking_uri=uri)
+            client.set_tag(self.run_id, "tracking", "partial")
+            client.set_terminated(self.run_id, status="FAILED")
+            log.warning(
+                "MLflow run %s lost metrics while the server was away: tagged tracking=partial and ended "
+                "FAILED (the run's own files are complete)",
+                self.run_id,
+            )
         except Exception as error:
-            self._fail("set_terminated", error)
+            log.warning(
+                "MLflow run %s has gaps and could not be marked (%s: %s): it shows as RUNNING; run.json "
+                "says tracking: partial",
+                self.run_id,
+                type(error).__name__,
+                error,
+            )

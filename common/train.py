@@ -44,10 +44,11 @@ from .compressors import build_compressor
 from .config import RunConfig
 from .data import Dataset, epoch_batches, load_dataset
 from .data.augment import augment_batch, augment_generator
-from .distributed import DistContext, barrier, init_from_env, seed_everything
+from .distributed import DistContext, barrier, init_from_env, is_collective_timeout, seed_everything
 from .fileio import atomic_write, atomic_write_json, atomic_write_text
 from .gossip import GossipStrategy
 from .models import build_model
+from .paths import REPO_ROOT
 from .plots import plot_curves
 from .strategies import (
     DataParallel,
@@ -285,7 +286,7 @@ def train(
     parallelism through ``config``'s compressor.
     """
     out_dir = Path(out_dir)
-    ctx = ctx or init_from_env()
+    ctx = ctx or init_from_env(timeout_s=config.collective_timeout_s)
     if ctx.world_size != get_world_size():
         raise RuntimeError(
             f"process group has {get_world_size()} ranks but the context says {ctx.world_size}"
@@ -331,13 +332,16 @@ def train(
 
     # -- resume --------------------------------------------------------------------------------------
     fingerprint = config.fingerprint()
-    checkpointer = Checkpointer(out_dir / "ckpt", fingerprint, rank=ctx.rank, world_size=ctx.world_size)
+    checkpointer = Checkpointer(
+        out_dir / "ckpt", fingerprint, rank=ctx.rank, world_size=ctx.world_size, keep=config.keep_checkpoints
+    )
     step, elapsed, window = 0, 0.0, [0.0, 0]
     non_comm: list[float] = []  # per step: this rank's time outside communication
     train_rows: list[dict[str, Any]] = []
     eval_rows: list[dict[str, Any]] = []
     run_id: str | None = None
-    resume_step = checkpointer.latest_step()
+    tracking_partial = False  # a previous attempt lost its tracking mid-run
+    resume_step = checkpointer.resume_step()  # verified on every rank
     if resume_step is not None:
         state = checkpointer.load(resume_step)
         model.load_state_dict(state["model"])
@@ -348,6 +352,7 @@ def train(
         step, elapsed, window = state["step"], state["elapsed"], state["window"]
         non_comm = state.get("non_comm", [])
         train_rows, eval_rows, run_id = state["train_rows"], state["eval_rows"], state["mlflow_run_id"]
+        tracking_partial = bool(state.get("tracking_partial", False))
 
     tracker = Tracker(
         experiment or "", run_name, enabled=ctx.is_main and experiment is not None, run_id=run_id
@@ -362,7 +367,10 @@ def train(
         "network": os.environ.get("THINWIRE_NETWORK", "host"),
         **(tags or {}),
     }
-    run_id = tracker.start(_flat_params(config), all_tags) if ctx.is_main else None
+    tracker.partial = tracking_partial
+    if ctx.is_main:
+        tracker.start(_flat_params(config), all_tags)
+        run_id = tracker.run_id  # kept from the checkpoint when a resumed run cannot reach the server
     barrier()  # rank 0's tracking set-up must not show up as the others' communication time
 
     def checkpoint(complete: bool = False) -> None:
@@ -381,6 +389,7 @@ def train(
                 "train_rows": train_rows,
                 "eval_rows": eval_rows,
                 "mlflow_run_id": run_id,
+                "tracking_partial": tracker.partial,
             },
             complete=complete,
         )
@@ -469,8 +478,18 @@ def train(
             if step % config.checkpoint_every == 0 and step < total_steps:
                 checkpoint()
         checkpoint(complete=True)
-    except BaseException:
+    except BaseException as error:
         tracker.finish("FAILED")
+        if is_collective_timeout(error):
+            log.error(
+                "rank %d waited over collective_timeout_s = %g s for its peers at step %d, in %s: a rank "
+                "died, hung or was stopped. This rank exits; torchrun restarts the ranks (up to "
+                "max_restarts) and they resume from the last checkpoint",
+                ctx.rank,
+                config.collective_timeout_s,
+                step + 1,
+                _where(error),
+            )
         raise
 
     # -- outputs (rank 0) ----------------------------------------------------------------------------
@@ -510,25 +529,37 @@ def train(
             {run_name: (train_rows, eval_rows)}, out_dir / "plot.png", title=f"{experiment or ''} {run_name}"
         )
         atomic_write_json(out_dir / "metrics.json", {k: _json_number(v) for k, v in metrics.items()})
-        atomic_write_json(
-            out_dir / "run.json",
-            {
-                "mlflow_run_id": run_id,
-                "git_sha": all_tags["git_sha"],
-                "fingerprint": fingerprint,
-                "config": config.to_dict(),
-                "network": os.environ.get("THINWIRE_NETWORK", "host"),
-                # op -> [calls, bytes] per step on rank 0: the traffic a cost model prices
-                "comm_ops_per_step": {k: list(v) for k, v in strategy.stats.ops_per_step().items()},
-                # tensors per transport route, where a method picks one (TernGrad: all-gather or int8)
-                "routes": dict(strategy.stats.routes),
-            },
-        )
+        run_info = {
+            "mlflow_run_id": run_id,
+            "git_sha": all_tags["git_sha"],
+            "fingerprint": fingerprint,
+            "config": config.to_dict(),
+            "network": os.environ.get("THINWIRE_NETWORK", "host"),
+            # op -> [calls, bytes] per step on rank 0: the traffic a cost model prices
+            "comm_ops_per_step": {k: list(v) for k, v in strategy.stats.ops_per_step().items()},
+            # tensors per transport route, where a method picks one (TernGrad: all-gather or int8)
+            "routes": dict(strategy.stats.routes),
+            # "complete", "partial" (the MLflow run has gaps: the server went away) or "off"
+            "tracking": tracker.state,
+        }
+        atomic_write_json(out_dir / "run.json", run_info)
         tracker.log_metrics({f"final_{k}": v for k, v in metrics.items() if math.isfinite(v)}, step)
         for name in ("metrics.json", "plot.png", "train_curve.csv", "eval_curve.csv", "run.json"):
             tracker.log_artifact(out_dir / name)
         tracker.finish("FINISHED")
+        if tracker.state != run_info["tracking"]:  # it broke while the outputs were logged
+            atomic_write_json(out_dir / "run.json", {**run_info, "tracking": tracker.state})
     return metrics
+
+
+def _where(error: BaseException) -> str:
+    """The innermost frames of ``error``'s traceback in this repository (where a rank waited)."""
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename.startswith(str(REPO_ROOT))]
+    return " <- ".join(
+        f"{Path(f.filename).relative_to(REPO_ROOT)}:{f.lineno} {f.name}" for f in frames[::-1][:4]
+    )
 
 
 def _json_number(value: float) -> float | None:

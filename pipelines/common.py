@@ -41,7 +41,9 @@ def setup_logging(rank: int = 0) -> None:
 
 
 def params_path(pipeline: str) -> Path:
-    path = PIPELINES_DIR / pipeline / "params.yaml"
+    """``pipelines/<pipeline>/params.yaml``; a ``pipeline`` with a slash is a folder path (your own
+    pipeline: a folder holding a params.yaml, anywhere)."""
+    path = (Path(pipeline) if "/" in pipeline else PIPELINES_DIR / pipeline) / "params.yaml"
     if not path.exists():
         known = sorted(p.parent.name for p in PIPELINES_DIR.glob("*/params.yaml"))
         raise ValueError(f"unknown pipeline {pipeline!r} (no {path}); known pipelines: {', '.join(known)}")
@@ -115,8 +117,15 @@ def run_config(pipeline: str, run: str, scale: str | None = None) -> RunConfig:
     try:
         return RunConfig.from_dict(run_values(pipeline, run, scale))
     except ValueError as error:
-        raise ValueError(f"{params_path(pipeline).relative_to(REPO_ROOT)}, run {run!r}: {error}") from None
+        path = params_path(pipeline).resolve()
+        shown = path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path
+        raise ValueError(f"{shown}, run {run!r}: {error}") from None
+
+
+def pipeline_name(pipeline: str) -> str:
+    """The name a pipeline's runs are tracked under: its folder's name."""
+    return Path(pipeline).name
 
 
 def run_dir(pipeline: str, run: str) -> Path:
-    return RESULTS_DIR / pipeline / run
+    return RESULTS_DIR / pipeline_name(pipeline) / run

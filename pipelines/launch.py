@@ -2,9 +2,12 @@
 
     python -m pipelines.launch baseline fp32
 
-Bad parameters fail here, before any worker starts. The process then *becomes* torchrun
-(``exec``), so Ctrl-C and DVC's signals reach torchrun, which stops its workers. A worker that
-dies is restarted up to ``max_restarts`` times and resumes from the last checkpoint.
+Bad parameters fail here, before any worker starts, and so does a second launch on a run folder
+that a running launch holds (:mod:`common.runlock`). The process then *becomes* torchrun
+(``exec``), so Ctrl-C and DVC's signals reach torchrun, which stops its workers; a SIGKILL of it
+kills them too (they die with their parent: :func:`common.distributed.die_with_parent`). A worker
+that dies is restarted up to ``max_restarts`` times and resumes from the last verified checkpoint;
+a worker whose peer hangs gives up after ``collective_timeout_s``.
 
 Over a slow network (needs root and iproute2; see :mod:`common.netem`)::
 
@@ -33,6 +36,8 @@ import sys
 
 from common import netem
 from common.data import load_dataset
+from common.distributed import LAUNCHER_PID_ENV
+from common.runlock import lock_run_folders
 from pipelines.common import quiet_environment
 from pipelines.train import (
     OUT_DIR_ENV,
@@ -67,7 +72,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("pipeline", help="a folder of pipelines/ with a params.yaml")
+    parser.add_argument(
+        "pipeline", help="a folder of pipelines/ with a params.yaml, or the path of your own such folder"
+    )
     parser.add_argument(
         "run", help="a key of that params.yaml's `runs`, or several (a,b,c) trained one after the other"
     )
@@ -116,8 +123,12 @@ def main(argv: list[str] | None = None) -> None:
             netem.parse_rate(args.net_bandwidth)
         # Missing or corrupt data fails here, once, not in every rank; a cold cache is filled now.
         load_dataset(config.dataset, "test", limit=1, seq_len=config.seq_len)
-    except ValueError as error:  # DataError is a ValueError
+        # Held until this process (torchrun after the exec) exits: a second launch on any of
+        # these folders fails here, naming this one's pid.
+        lock_run_folders(directory for _, _, directory, _ in repeats)
+    except ValueError as error:  # DataError and RunFolderBusy are ValueErrors
         raise SystemExit(f"error: {error}") from None
+    os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # the workers' parent: they die with it
     for key, value in RESTART_SAFE_ENV.items():
         os.environ.setdefault(key, value)
     if args.run_name:

@@ -20,7 +20,14 @@ from collections.abc import Callable
 from common.config import RunConfig
 from common.distributed import init_from_env, shutdown
 from common.train import StepInfo, train
-from pipelines.common import load_params, quiet_environment, run_config, run_dir, setup_logging
+from pipelines.common import (
+    load_params,
+    pipeline_name,
+    quiet_environment,
+    run_config,
+    run_dir,
+    setup_logging,
+)
 
 OUT_DIR_ENV = "THINWIRE_OUT_DIR"
 RUN_NAME_ENV = "THINWIRE_RUN_NAME"
@@ -123,16 +130,16 @@ def main(argv: list[str] | None = None) -> None:
     setup_logging(rank)
     scale = args.scale or load_params(args.pipeline)["scale"]
     repeats = plan_repeats(args.pipeline, args.run, args.scale)
-    ctx = init_from_env()
+    ctx = init_from_env(timeout_s=max(c.collective_timeout_s for _, c, _, _ in repeats))
     try:
         for repeat_method, repeat_config, repeat_dir, repeat_name in repeats:
             callbacks = [progress_bar()] if ctx.is_main else []
             metrics = train(
                 repeat_config,
                 repeat_dir,
-                experiment=args.pipeline,
+                experiment=pipeline_name(args.pipeline),
                 run_name=repeat_name,
-                tags={"scale": scale, "pipeline": args.pipeline, "method": repeat_method},
+                tags={"scale": scale, "pipeline": pipeline_name(args.pipeline), "method": repeat_method},
                 callbacks=callbacks,
                 ctx=ctx,
             )

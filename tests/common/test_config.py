@@ -130,3 +130,73 @@ def test_step_schedule_decays_at_the_milestone_epochs():
     assert [factor(s) for s in (0, 19, 20, 29, 30, 39)] == [1.0, 1.0, 0.5, 0.5, 0.25, 0.25]
     halves = _schedule(RunConfig.from_dict({"lr_schedule": "step"}), total_steps=40, steps_per_epoch=10)
     assert [halves(s) for s in (19, 20, 29, 30)] == [1.0, 0.1, 0.1, pytest.approx(0.01)]
+
+
+# -- every key type-checked (issue 18): a fuzz over wrong types for every field ----------------------
+_WRONG = {
+    "string": "1",
+    "word": "no",
+    "float": 1.5,
+    "bool": True,
+    "null": None,
+    "list": [1],
+    "mapping": {"a": 1},
+    "nan": float("nan"),
+}
+
+
+def _rejects(kind, value) -> bool:
+    """Whether a field declared ``kind`` must refuse ``value`` (written independently of
+    common.config's checker: what YAML can produce against what the field holds)."""
+    import typing
+
+    args = typing.get_args(kind)
+    if args and typing.get_origin(kind) not in (dict, tuple):
+        if value is None and type(None) in args:
+            return False
+        (kind,) = [a for a in args if a is not type(None)]
+    if value is None:
+        return True
+    if kind is bool:
+        return not isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, bool) or not isinstance(value, int)
+    if kind is float:
+        return isinstance(value, bool | str | list | dict) or value != value  # nan is not a number
+    if kind is str:
+        return not isinstance(value, str)
+    if typing.get_origin(kind) is dict:
+        return not isinstance(value, dict)
+    if typing.get_origin(kind) is tuple:
+        return not isinstance(value, list | tuple)
+    raise AssertionError(f"a new field type {kind!r}: extend this test")
+
+
+def _fuzz_cases():
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(RunConfig)
+    for f in dataclasses.fields(RunConfig):
+        for label, value in _WRONG.items():
+            if _rejects(hints[f.name], value):
+                yield pytest.param(f.name, value, id=f"{f.name}-{label}")
+
+
+@pytest.mark.parametrize("name,value", list(_fuzz_cases()))
+def test_every_key_refuses_a_wrong_type_by_name(name, value):
+    with pytest.raises(ValueError) as error:
+        RunConfig.from_dict({name: value})
+    assert str(error.value).startswith(f"{name} must be "), str(error.value)
+    assert repr(value) in str(error.value)
+
+
+def test_a_wrong_type_names_the_run_and_the_params_file(monkeypatch):
+    import pipelines.common
+
+    monkeypatch.setattr(pipelines.common, "run_values", lambda *args: {"momentum": "0.9"})
+    with pytest.raises(
+        ValueError,
+        match=r"^pipelines/baseline/params.yaml, run 'fp32': momentum must be a number in \[0, 1\)",
+    ):
+        pipelines.common.run_config("baseline", "fp32")

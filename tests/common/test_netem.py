@@ -156,6 +156,33 @@ def test_stale_namespaces_of_dead_launchers_are_removed_and_others_kept():
             subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
 
 
+@needs_netem
+def test_a_dead_launchers_namespace_with_a_process_inside_is_kept():
+    """Orphaned workers of a SIGKILLed launcher keep their network: clean-up skips a namespace
+    in which anything runs, and removes it once nothing does."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    busy = f"tw{dead.pid}n1-r0"
+    subprocess.run(["ip", "netns", "add", busy], check=True)
+    orphan = subprocess.Popen(["ip", "netns", "exec", busy, "sleep", "60"])
+    try:
+        deadline = time.monotonic() + 10
+        while orphan.pid not in netem.namespace_pids(busy) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert netem.namespace_pids(busy) == [orphan.pid]
+        assert busy not in netem.remove_stale()
+        assert busy in netem.list_namespaces()
+        orphan.kill()
+        orphan.wait()
+        assert busy in netem.remove_stale()
+        assert busy not in netem.list_namespaces()
+    finally:
+        if orphan.poll() is None:
+            orphan.kill()
+            orphan.wait()
+        subprocess.run(["ip", "netns", "del", busy], capture_output=True, check=False)
+
+
 def _allreduce_seconds(rate: str | None, tmp_path: Path) -> float:
     out = tmp_path / f"allreduce-{rate}.json"
     argv = [

@@ -50,3 +50,87 @@ def test_outside_a_repository_is_unknown(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setattr(tracking, "REPO_ROOT", tmp_path)
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
     assert tracking.git_sha() == "unknown"
+
+
+# -- a tracking server that dies mid-run (issue 18) ---------------------------------------------------
+
+
+class _Server:
+    """A real ``mlflow server`` on a SQLite store, in its own process group (stopped by its pid)."""
+
+    def __init__(self, root: Path, port: int) -> None:
+        self.root, self.port, self.process = root, port, None
+        self.uri = f"http://127.0.0.1:{port}"
+
+    def start(self) -> None:
+        import sys
+        import time
+
+        mlflow = Path(sys.executable).parent / "mlflow"
+        log = (self.root / "server.log").open("a")
+        store = f"sqlite:///{self.root / 'mlflow.db'}"
+        command = [str(mlflow), "server", "--backend-store-uri", store, "--host", "127.0.0.1",
+                   "--default-artifact-root", str(self.root / "artifacts"), "--port", str(self.port),
+                   "--workers", "1"]  # fmt: skip
+        self.process = subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+        )
+        log.close()
+        deadline = time.monotonic() + 60
+        while not tracking._reachable(self.uri, timeout=1):
+            assert self.process.poll() is None and time.monotonic() < deadline, (
+                self.root / "server.log"
+            ).read_text()
+            time.sleep(0.2)
+
+    def kill(self) -> None:
+        import os
+        import signal
+
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+
+def test_a_server_killed_mid_run_leaves_the_run_marked_partial(tmp_path, monkeypatch):
+    """The server is SIGKILLed at step 10 and back at step 30: training goes on, run.json says
+    tracking: partial, and the MLflow run is tagged partial and ended FAILED, not left RUNNING."""
+    import json
+
+    import torch
+    from mlflow.tracking import MlflowClient
+
+    from common.config import RunConfig
+    from common.distributed import DistContext
+    from common.train import train
+    from tests.distributed import free_port
+    from tests.helpers.train_once import CONFIG
+
+    server = _Server(tmp_path, free_port())
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", server.uri)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+    config = RunConfig.from_dict({**CONFIG, "world_size": 1, "epochs": 1, "log_every": 2, "eval_every": 100})
+
+    def outage(info) -> None:
+        if info.step == 10:
+            server.kill()
+        elif info.step == 30:
+            server.start()
+
+    ctx = DistContext(rank=0, world_size=1, local_rank=0, backend="gloo", device=torch.device("cpu"))
+    try:
+        server.start()
+        metrics = train(
+            config, tmp_path / "out", experiment="outage", run_name="r", callbacks=[outage], ctx=ctx
+        )
+    finally:
+        server.kill()
+    assert metrics["steps"] == 48  # training went on through the outage
+    run_json = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert run_json["tracking"] == "partial"
+    run = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_run(run_json["mlflow_run_id"])
+    assert run.info.status == "FAILED" and run.data.tags["tracking"] == "partial"

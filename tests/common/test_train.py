@@ -91,7 +91,12 @@ def test_failed_run_keeps_earlier_outputs_then_resumes_bit_exact(reference, tmp_
     assert (rerun / "metrics.json").read_text() == before
     assert not list(rerun.glob("**/*.tmp"))
     latest = next((rerun / "ckpt").iterdir()) / "latest.json"
-    assert json.loads(latest.read_text()) == {"step": 16, "complete": False, "world_size": 2}
+    assert json.loads(latest.read_text()) == {
+        "step": 16,
+        "steps": [16, 8],
+        "complete": False,
+        "world_size": 2,
+    }
     run_ranks(_train_ranks, 2, str(rerun), None, tmp_path=tmp_path)
     for rank in range(2):
         a, b = _final_state(out, rank), _final_state(rerun, rank)
@@ -122,6 +127,27 @@ def test_sigkill_restart_by_torchrun_resumes_bit_exact(reference, tmp_path):
     assert _deterministic_columns(killed / "train_curve.csv") == _deterministic_columns(
         out / "train_curve.csv"
     )
+
+
+def test_a_hung_rank_times_out_and_the_restart_resumes_bit_exact(reference, tmp_path):
+    """Rank 1 hangs at step 19: rank 0 gives up after collective_timeout_s (not gloo's 30 min),
+    names where it waited and exits non-zero; torchrun restarts both ranks, which resume from the
+    last checkpoint and end where the uninterrupted run ends."""
+    out, _ = reference
+    hung = tmp_path / "hung"
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **RESTART_SAFE_ENV}
+    torchrun = Path(sys.executable).parent / "torchrun"
+    command = [str(torchrun), "--standalone", "--nproc_per_node=2", "--max-restarts=1",
+               str(REPO_ROOT / "tests/helpers/train_once.py"), str(hung), "--hang-at", "19",
+               "--timeout", "4"]  # fmt: skip
+    result = run_group(command, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (hung / "killed-once").exists()
+    assert "rank 0 waited over collective_timeout_s = 4 s for its peers at step 20" in result.stderr
+    assert "Timed out waiting 4000ms" in result.stderr and "common/" in result.stderr
+    for rank in range(2):
+        a, b = _final_state(out, rank)["model"], _final_state(hung, rank)["model"]
+        assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_unreachable_mlflow_costs_one_warning_and_training_goes_on(tmp_path, monkeypatch, caplog):

@@ -3,7 +3,9 @@
     torchrun --standalone --nproc_per_node 2 --max-restarts 1 tests/helpers/train_once.py OUT [--kill-at STEP]
 
 With ``--kill-at``, rank 1 SIGKILLs itself at that step the first time (a marker file in OUT
-remembers it), so torchrun restarts both ranks and they resume from the last checkpoint.
+remembers it), so torchrun restarts both ranks and they resume from the last checkpoint. With
+``--hang-at``, rank 1 sleeps there instead (a hung peer): rank 0 gives up after ``--timeout``
+seconds in its next collective. ``--epochs`` makes the run longer (a different run).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import time
 from pathlib import Path
 
 from common.config import RunConfig
@@ -46,18 +49,26 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("--kill-at", type=int, default=None)
+    parser.add_argument("--hang-at", type=int, default=None)
+    parser.add_argument("--timeout", type=float, default=None, help="collective_timeout_s")
+    parser.add_argument("--epochs", type=int, default=None)
     args = parser.parse_args()
     out = Path(args.out)
     marker = out / "killed-once"
 
     def maybe_die(info: StepInfo) -> None:
-        if args.kill_at is not None and info.step == args.kill_at and info.rank == 1 and not marker.exists():
-            marker.parent.mkdir(parents=True, exist_ok=True)
-            marker.touch()
+        if info.rank != 1 or marker.exists() or info.step not in (args.kill_at, args.hang_at):
+            return
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+        if info.step == args.kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(3600)  # hung: torchrun's SIGTERM ends it once rank 0 has failed
 
+    overrides = {"collective_timeout_s": args.timeout, "epochs": args.epochs}
+    run = RunConfig.from_dict({**CONFIG, **{k: v for k, v in overrides.items() if v is not None}})
     try:
-        train(config(), out, callbacks=[maybe_die])
+        train(run, out, callbacks=[maybe_die])
     finally:
         shutdown()
 
