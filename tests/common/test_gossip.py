@@ -37,11 +37,12 @@ def _gossip(rank: int, world: int, mode: str, budget: float, same: bool) -> dict
     return {"history": history, "alpha": strategy.alpha, "bits": strategy.stats.bits_sent}
 
 
-@pytest.mark.parametrize(
-    ("world", "mode", "budget"), [(8, "matcha", 0.5), (8, "vanilla", 1.0), (4, "periodic", 0.5)]
-)
-def test_gossip_equals_the_numpy_mixing_matrix_and_keeps_the_average(tmp_path, world, mode, budget) -> None:
-    results = run_ranks(_gossip, world, mode, budget, False, tmp_path=tmp_path, timeout=240)
+def _gossip_cases(rank: int, world: int, cases: list[tuple[str, float, bool]]) -> list[dict[str, object]]:
+    """Several runs in the same ranks, one after the other (one spawn of ``world`` processes)."""
+    return [_gossip(rank, world, mode, budget, same) for mode, budget, same in cases]
+
+
+def _check_mixing(results: list[dict[str, object]], world: int, mode: str, budget: float) -> None:
     p = _plan(world, budget)
     alpha = results[0]["alpha"]
     for step in range(STEPS):
@@ -56,12 +57,22 @@ def test_gossip_equals_the_numpy_mixing_matrix_and_keeps_the_average(tmp_path, w
         np.testing.assert_allclose(after.mean(0), x.mean(0), rtol=1e-5, atol=1e-6)  # average kept
 
 
-def test_equal_parameters_are_a_fixed_point(tmp_path) -> None:
-    results = run_ranks(_gossip, 4, "vanilla", 1.0, True, tmp_path=tmp_path)
-    for r in results:
+def test_gossip_equals_the_numpy_mixing_matrix_and_keeps_the_average_on_eight_ranks(tmp_path) -> None:
+    cases = [("matcha", 0.5, False), ("vanilla", 1.0, False)]
+    per_rank = run_ranks(_gossip_cases, 8, cases, tmp_path=tmp_path, timeout=240)
+    for index, (mode, budget, _) in enumerate(cases):
+        _check_mixing([r[index] for r in per_rank], 8, mode, budget)
+
+
+def test_periodic_gossip_mixes_exactly_and_equal_parameters_are_a_fixed_point(tmp_path) -> None:
+    cases = [("periodic", 0.5, False), ("vanilla", 1.0, True)]
+    per_rank = run_ranks(_gossip_cases, 4, cases, tmp_path=tmp_path)
+    _check_mixing([r[0] for r in per_rank], 4, "periodic", 0.5)
+    same = [r[1] for r in per_rank]
+    for r in same:
         for state in r["history"]:
-            assert torch.equal(state, results[0]["history"][0])
-    assert results[0]["bits"] > 0  # the exchanges did happen (and were counted)
+            assert torch.equal(state, same[0]["history"][0])
+    assert same[0]["bits"] > 0  # the exchanges did happen (and were counted)
 
 
 def test_flags_are_shared_counter_based_and_meet_the_budget() -> None:

@@ -66,9 +66,11 @@ class _Server:
         import sys
         import time
 
+        from tests.helpers.mlflow_store import fresh_store
+
         mlflow = Path(sys.executable).parent / "mlflow"
         log = (self.root / "server.log").open("a")
-        store = f"sqlite:///{self.root / 'mlflow.db'}"
+        store = fresh_store(self.root)  # migrated already: the server starts sooner
         command = [str(mlflow), "server", "--backend-store-uri", store, "--host", "127.0.0.1",
                    "--default-artifact-root", str(self.root / "artifacts"), "--port", str(self.port),
                    "--workers", "1"]  # fmt: skip

@@ -109,45 +109,31 @@ def test_failed_run_keeps_earlier_outputs_then_resumes_bit_exact(reference, tmp_
     )
 
 
-def test_sigkill_restart_by_torchrun_resumes_bit_exact(reference, tmp_path):
+def test_a_hung_then_a_killed_rank_both_restart_and_resume_bit_exact(reference, tmp_path):
+    """Rank 1 hangs at step 19: rank 0 gives up after collective_timeout_s (not gloo's 30 min),
+    names where it waited and exits non-zero; torchrun restarts both ranks, which resume from step
+    16. Then rank 1 is SIGKILLed at step 35: restarted again, from step 32. The run still ends
+    where the uninterrupted run ends, and has the same losses step by step."""
     out, _ = reference
-    killed = tmp_path / "killed"
+    faulty = tmp_path / "faulty"
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **RESTART_SAFE_ENV}
     torchrun = Path(sys.executable).parent / "torchrun"
-    command = [str(torchrun), "--standalone", "--nproc_per_node=2", "--max-restarts=1",
-               str(REPO_ROOT / "tests/helpers/train_once.py"), str(killed), "--kill-at", "19"]  # fmt: skip
+    command = [str(torchrun), "--standalone", "--nproc_per_node=2", "--max-restarts=2",
+               str(REPO_ROOT / "tests/helpers/train_once.py"), str(faulty), "--hang-at", "19",
+               "--kill-at", "35", "--timeout", "4"]  # fmt: skip
     result = run_group(command, timeout=300, env=env)  # torchrun and its workers stop on timeout too
     assert result.returncode == 0, result.stderr[-3000:]
-    assert (killed / "killed-once").exists()  # it really was killed once ...
-    assert "exitcode: -9" in result.stderr  # torchrun saw the SIGKILL and restarted the ranks
-    for rank in range(2):  # ... and still ends where the uninterrupted run ends
-        a, b = _final_state(out, rank)["model"], _final_state(killed, rank)["model"]
-        assert all(torch.equal(a[k], b[k]) for k in a)
-    # a separately launched run with the same seed has the same losses, step by step
-    assert _deterministic_columns(killed / "train_curve.csv") == _deterministic_columns(
-        out / "train_curve.csv"
-    )
-
-
-def test_a_hung_rank_times_out_and_the_restart_resumes_bit_exact(reference, tmp_path):
-    """Rank 1 hangs at step 19: rank 0 gives up after collective_timeout_s (not gloo's 30 min),
-    names where it waited and exits non-zero; torchrun restarts both ranks, which resume from the
-    last checkpoint and end where the uninterrupted run ends."""
-    out, _ = reference
-    hung = tmp_path / "hung"
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **RESTART_SAFE_ENV}
-    torchrun = Path(sys.executable).parent / "torchrun"
-    command = [str(torchrun), "--standalone", "--nproc_per_node=2", "--max-restarts=1",
-               str(REPO_ROOT / "tests/helpers/train_once.py"), str(hung), "--hang-at", "19",
-               "--timeout", "4"]  # fmt: skip
-    result = run_group(command, timeout=300, env=env)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert (hung / "killed-once").exists()
+    assert (faulty / "hung-once").exists() and (faulty / "killed-once").exists()
     assert "rank 0 waited over collective_timeout_s = 4 s for its peers at step 20" in result.stderr
     assert "Timed out waiting 4000ms" in result.stderr and "common/" in result.stderr
+    assert "exitcode: -9" in result.stderr  # torchrun saw the SIGKILL and restarted the ranks
     for rank in range(2):
-        a, b = _final_state(out, rank)["model"], _final_state(hung, rank)["model"]
+        a, b = _final_state(out, rank)["model"], _final_state(faulty, rank)["model"]
         assert all(torch.equal(a[k], b[k]) for k in a)
+    # a separately launched run with the same seed has the same losses, step by step
+    assert _deterministic_columns(faulty / "train_curve.csv") == _deterministic_columns(
+        out / "train_curve.csv"
+    )
 
 
 def test_unreachable_mlflow_costs_one_warning_and_training_goes_on(tmp_path, monkeypatch, caplog):

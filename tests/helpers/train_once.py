@@ -4,8 +4,9 @@
 
 With ``--kill-at``, rank 1 SIGKILLs itself at that step the first time (a marker file in OUT
 remembers it), so torchrun restarts both ranks and they resume from the last checkpoint. With
-``--hang-at``, rank 1 sleeps there instead (a hung peer): rank 0 gives up after ``--timeout``
-seconds in its next collective. ``--epochs`` makes the run longer (a different run).
+``--hang-at``, rank 1 sleeps there the first time (a hung peer): rank 0 gives up after
+``--timeout`` seconds in its next collective, and torchrun restarts both. ``--epochs`` makes the
+run longer (a different run).
 """
 
 from __future__ import annotations
@@ -54,16 +55,17 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=None)
     args = parser.parse_args()
     out = Path(args.out)
-    marker = out / "killed-once"
 
     def maybe_die(info: StepInfo) -> None:
-        if info.rank != 1 or marker.exists() or info.step not in (args.kill_at, args.hang_at):
+        if info.rank != 1:
             return
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.touch()
-        if info.step == args.kill_at:
-            os.kill(os.getpid(), signal.SIGKILL)
-        time.sleep(3600)  # hung: torchrun's SIGTERM ends it once rank 0 has failed
+        for step, marker in ((args.kill_at, out / "killed-once"), (args.hang_at, out / "hung-once")):
+            if info.step == step and not marker.exists():
+                marker.parent.mkdir(parents=True, exist_ok=True)
+                marker.touch()
+                if step == args.kill_at:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                time.sleep(3600)  # hung: torchrun's SIGTERM ends it once rank 0 has failed
 
     overrides = {"collective_timeout_s": args.timeout, "epochs": args.epochs}
     run = RunConfig.from_dict({**CONFIG, **{k: v for k, v in overrides.items() if v is not None}})

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from common.paths import REPO_ROOT
+from tests.helpers.mlflow_store import fresh_store
 from tests.helpers.processes import run_group
 
 # every strategy the suite uses (data parallel, dgc, def, sparse), both task kinds, what the paper
@@ -21,14 +22,47 @@ SUITE_RUNS = (
 SUITE_SEEDS = (0, 1)
 
 
+# Stages whose ``main(argv)`` the tests call in this process (torch and MLflow are imported already:
+# a subprocess would spend seconds importing them again); a launch always gets its own processes.
+IN_PROCESS = ("pipelines.evaluate", "pipelines.suite.report")
+
+
+def _runs_in_process(command: list[str]) -> bool:
+    if command[1:2] != ["-m"]:
+        return False
+    module = command[2]
+    return module in IN_PROCESS or (module.startswith("papers.") and module.endswith(".report"))
+
+
+def _in_process(command: list[str], env: dict[str, str]) -> None:
+    import importlib
+
+    module = importlib.import_module(command[2])
+    saved, cwd = dict(os.environ), os.getcwd()
+    os.chdir(REPO_ROOT)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        module.main(command[3:])
+    except SystemExit as error:
+        assert error.code in (0, None), f"{' '.join(command[2:])} exited with {error.code!r}"
+    finally:
+        os.chdir(cwd)
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 def run_steps(steps: list[list[str]], env: dict[str, str], timeout: float = 600) -> None:
     for command in steps:
+        if _runs_in_process(command):
+            _in_process(command, env)
+            continue
         result = run_group(command, cwd=REPO_ROOT, env=env, timeout=timeout)
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
 
 
 def tracking_env(root: Path) -> dict[str, str]:
-    return {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}"}
+    return {**os.environ, "MLFLOW_TRACKING_URI": fresh_store(root)}
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from common.paths import REPO_ROOT, data_root
+from tests.helpers.mlflow_store import fresh_store
 from tests.helpers.processes import run_group
 
 RUNS = ("fp32", "fp16", "topk1_ef")
@@ -52,7 +53,7 @@ def smoke_repo(tmp_path_factory):
         "PYTHONPATH": str(root),
         "THINWIRE_DATA": str(data_root()),
         "THINWIRE_CACHE": str(root / ".cache"),
-        "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}",
+        "MLFLOW_TRACKING_URI": fresh_store(root),
         "DVC_NO_ANALYTICS": "1",
     }
     dvc = [str(Path(sys.executable).parent / "dvc")]

@@ -19,6 +19,7 @@ from pathlib import Path
 import yaml
 
 from common.paths import REPO_ROOT
+from tests.helpers.mlflow_store import fresh_store
 from tests.helpers.processes import run_group
 from tests.helpers.train_once import CONFIG
 
@@ -54,7 +55,7 @@ def test_a_launch_owns_its_folder_and_its_workers_die_with_it(tmp_path):
     env = {
         **os.environ,
         "PYTHONPATH": str(REPO_ROOT),
-        "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db",
+        "MLFLOW_TRACKING_URI": fresh_store(tmp_path),
     }
     command = [sys.executable, "-m", "pipelines.launch", str(pipeline), "r", "--out", str(out)]
     log = (tmp_path / "first.log").open("w")

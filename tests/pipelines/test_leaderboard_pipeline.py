@@ -11,6 +11,7 @@ import pytest
 
 from common import netem
 from common.paths import cache_root, data_root
+from tests.helpers.mlflow_store import fresh_store
 from tests.helpers.processes import run_group
 from tests.pipelines.test_baseline_pipeline import _copy_repo
 
@@ -28,7 +29,7 @@ def repo(tmp_path_factory) -> tuple[Path, dict[str, str]]:
         "PYTHONPATH": str(root),
         "THINWIRE_DATA": str(data_root()),
         "THINWIRE_CACHE": str(cache_root()),  # decoded once, shared: read-only use
-        "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}",
+        "MLFLOW_TRACKING_URI": fresh_store(root),
     }
     return root, env
 

@@ -15,11 +15,12 @@ from common.paths import REPO_ROOT
 from papers.matcha import report
 from pipelines.common import load_params
 from pipelines.train import resolve_config
+from tests.helpers.mlflow_store import fresh_store
 from tests.helpers.processes import run_group
 
 
 def test_one_launch_trains_vanilla_and_matcha_on_eight_ranks(tmp_path):
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    env = {**os.environ, "MLFLOW_TRACKING_URI": fresh_store(tmp_path)}
     command = [sys.executable, "-m", "pipelines.launch", "matcha", "fmnist_er_vanilla,fmnist_er_matcha01"]
     result = run_group(
         [*command, "--scale", "smoke", "--seeds", "0", "--out", str(tmp_path / "runs")],

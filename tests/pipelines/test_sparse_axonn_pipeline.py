@@ -23,6 +23,7 @@ from papers.sparse_axonn.config import ModelConfig, ScaleConfig, from_params
 from papers.sparse_axonn.model import build_gpt2
 from papers.sparse_axonn.params import load_config
 from pipelines.common import load_params
+from tests.helpers.mlflow_store import fresh_store
 from tests.helpers.processes import run_group
 
 SMOKE_RUNS = ("dense_2x2", "sparse90_2x2", "sputnik90_2x2")
@@ -33,7 +34,7 @@ def env(tmp_path_factory):
     """One MLflow store for the module's runs (creating a SQLite store costs ~10 s)."""
     return {
         **os.environ,
-        "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}",
+        "MLFLOW_TRACKING_URI": fresh_store(tmp_path_factory.mktemp("mlflow")),
     }
 
 
