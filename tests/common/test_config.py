@@ -112,6 +112,21 @@ def test_launcher_refuses_before_starting_any_worker(tmp_path):
     )
 
 
+def test_a_hand_run_at_another_scale_needs_a_scratch_folder():
+    committed = REPO_ROOT / "results" / "baseline" / "fp16" / "metrics.json"
+    before = committed.read_bytes() if committed.exists() else None
+    result = _launch("baseline", "fp16", "--scale", "smoke")
+    assert result.returncode != 0
+    assert (
+        "--scale smoke without --out would write over the committed results of baseline/fp16 (scale "
+        "'cpu'): pass --out DIR" in result.stderr
+    )
+    assert "torchrun" not in result.stderr.lower()
+    assert (committed.read_bytes() if committed.exists() else None) == before
+    result = _launch("baseline", "fp16", "--seeds", "0,1")
+    assert result.returncode != 0 and "--seeds 0,1 without --out" in result.stderr
+
+
 def test_launcher_names_the_data_folder_it_looked_in(tmp_path):
     result = _launch("baseline", "fp32", THINWIRE_DATA=str(tmp_path), THINWIRE_CACHE=str(tmp_path / "cache"))
     assert result.returncode != 0
