@@ -38,3 +38,22 @@ def test_library_never_prints():
                 if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "print":
                     offenders.append(f"{path.relative_to(REPO_ROOT)}:{node.lineno}")
     assert offenders == [], "library code logs, never prints"
+
+
+TRAINERS = ("pipelines.launch", "pipelines.leaderboard", "pipelines.calibrate", "papers.sparse_axonn.train")
+
+
+def test_every_stage_that_trains_depends_on_the_library_and_its_kernels():
+    """A fix in common/ or kernels/ must rerun every stage whose numbers it can change."""
+    import yaml
+
+    offenders = []
+    for path in [REPO_ROOT / "dvc.yaml", *sorted((REPO_ROOT / "pipelines").glob("*/dvc.yaml"))]:
+        for name, stage in yaml.safe_load(path.read_text())["stages"].items():
+            stage = stage.get("do", stage)
+            if not any(trainer in stage["cmd"] for trainer in TRAINERS):
+                continue
+            deps = stage.get("deps", [])
+            if "common" not in deps or not any(d == "kernels" or d.startswith("kernels/") for d in deps):
+                offenders.append(f"{path.relative_to(REPO_ROOT)}:{name}")
+    assert offenders == []
