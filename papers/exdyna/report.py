@@ -41,13 +41,19 @@ from pipelines.report import save_panels
 
 PIPELINE = "exdyna"
 SELECTORS = {
-    "exdyna": "ExDyna (suite)",
+    "exdyna": "ExDyna",
     "exdyna_code": "ExDyna, the code's initial threshold",
     "topk": "top-k (all-gather)",
     "dgc": "DGC sampled threshold",
     "threshold": "hard threshold",
     "cltk": "CLT-k",
 }
+def _label(row: dict[str, Any]) -> str:
+    """A table row's name; the suite's own run says so, the cost runs say their length."""
+    suffix = {"suite": " (suite)", "cost": f" (cost run, {row['steps']} steps)"}.get(row["source"], "")
+    return SELECTORS[row["selector"]] + suffix
+
+
 BAND = 0.10  # "stays at target": the second half's mean density within 10 % of it
 COST_GROWTH = 1.5  # "near-constant cost": W = 8 within 1.5x of W = 2
 
@@ -261,7 +267,7 @@ def markdown(
             late = f"{r['density_second_half'] / t:.2f}" if t and r["density_second_half"] else "-"
             value = _fmt(r["value"], ".2f" if spec["metric"] == "accuracy" else ".4f")
             out.append(
-                f"| {SELECTORS[r['selector']]} | {r['world']} | {r['steps']} | {value} | {spread} | {late} "
+                f"| {_label(r)} | {r['world']} | {r['steps']} | {value} | {spread} | {late} "
                 f"| {_fmt(r['select_ms'], '.3f')} | {_fmt(r['select_vs_topk'], '.2f')} | {_fmt(r['buildup'], '.2f')} "
                 f"| {_fmt(r['imbalance'], '.2f')} | {r['bits_per_step']:,.0f} | `{r['mlflow_run_id']}` |"
             )
@@ -284,7 +290,7 @@ def plot_curves(rows: list[dict[str, Any]], path: Path) -> None:
             ax.plot(
                 [p["step"] for p in points],
                 [p["density"] / r["target"] for p in points],
-                label=SELECTORS[r["selector"]],
+                label=_label(r),
                 color=method_color(r["selector"]),
             )
         ax.axhline(1.0, color="black", lw=0.8)
