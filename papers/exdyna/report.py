@@ -48,6 +48,8 @@ SELECTORS = {
     "threshold": "hard threshold",
     "cltk": "CLT-k",
 }
+
+
 def _label(row: dict[str, Any]) -> str:
     """A table row's name; the suite's own run says so, the cost runs say their length."""
     suffix = {"suite": " (suite)", "cost": f" (cost run, {row['steps']} steps)"}.get(row["source"], "")
