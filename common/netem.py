@@ -36,6 +36,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from .costmodel import parse_rate as parse_rate  # re-exported for the launcher
+from .distributed import LAUNCHER_PID_ENV
 
 log = logging.getLogger(__name__)
 
@@ -358,7 +359,7 @@ def run_workers(
                     "LOCAL_RANK": str(rank),
                     "LOCAL_WORLD_SIZE": str(network.world_size),
                     "TORCHELASTIC_RESTART_COUNT": str(attempt),
-                    "THINWIRE_LAUNCHER_PID": str(os.getpid()),  # the worker dies with this process
+                    LAUNCHER_PID_ENV: str(os.getpid()),  # the worker dies with this process
                 }
                 rank_env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun: N workers share the cores
                 # c10d warns on every connection that a namespace has no reverse DNS: harmless
