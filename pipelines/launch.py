@@ -20,9 +20,10 @@ unavailable (the run is tagged ``network=host``).
 
 Repeats of one run share one start-up (torchrun, imports, data, MLflow: ~30 s on 2 cores)::
 
-    python -m pipelines.launch terngrad fmnist_noclip --seeds 0,1,2 --out /tmp/fmnist_noclip
+    python -m pipelines.launch terngrad mnist_noclip --seeds 0,1,2 --out /tmp/mnist_noclip
 
-trains seed 0, then 1, then 2 in the same ranks, into ``<out>/seed<k>/``. A rank that dies restarts
+trains seed 0, then 1, then 2 in the same ranks, into ``<out>/<run>/seed<k>/`` (one run or several:
+the layout the evaluate stage reads). A rank that dies restarts
 the whole list; seeds already finished are trained again (their checkpoints are complete, and a
 complete checkpoint is never resumed), so the results do not depend on where a failure struck.
 """
@@ -99,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         metavar="LIST",
         help="comma-separated seeds trained one after the other by the same ranks (one start-up "
-        "for all), each into <out>/seed<k> with MLflow run name <run-name>-seed<k>",
+        "for all), each into <out>/<run>/seed<k> with MLflow run name <run>-seed<k>",
     )
     args = parser.parse_args(argv)
     quiet_environment()

@@ -32,7 +32,7 @@ from pipelines.common import (
 OUT_DIR_ENV = "THINWIRE_OUT_DIR"
 RUN_NAME_ENV = "THINWIRE_RUN_NAME"
 SEED_ENV = "THINWIRE_SEED"  # overrides the run's seed (repeated runs of one configuration)
-SEEDS_ENV = "THINWIRE_SEEDS"  # several seeds, one after the other: <out>/seed<k>, <run name>-seed<k>
+SEEDS_ENV = "THINWIRE_SEEDS"  # several seeds, one after the other: <out>/<run>/seed<k>, <run>-seed<k>
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -64,11 +64,13 @@ def parse_runs(text: str) -> list[str]:
 def plan_repeats(pipeline: str, run: str, scale: str | None) -> list[tuple[str, RunConfig, str, str]]:
     """(run, config, out dir, MLflow run name) of every training run one launch does, in order.
 
-    One run: into ``$THINWIRE_OUT_DIR`` (default ``results/<pipeline>/<run>``), named
-    ``$THINWIRE_RUN_NAME`` (default the run). Several runs (``a,b``): each into
-    ``<out>/<run>`` (default ``results/<pipeline>/<run>``), named after the run. With
-    ``$THINWIRE_SEEDS`` each of those gets ``/seed<k>`` and ``-seed<k>``. All runs of a launch
-    share its ranks: they must agree on ``world_size`` and ``max_restarts``.
+    One run without seeds: into ``$THINWIRE_OUT_DIR`` (default ``results/<pipeline>/<run>``), named
+    ``$THINWIRE_RUN_NAME`` (default the run). Several runs (``a,b``), or any run with
+    ``$THINWIRE_SEEDS``: each into ``<out>/<run>`` (default ``results/<pipeline>/<run>``), named
+    after the run (one run: ``$THINWIRE_RUN_NAME`` if set); with seeds each of those gets
+    ``/seed<k>`` and ``-seed<k>``. So a launch of one run and of several lay out the same
+    ``<out>/<run>/seed<k>`` that the evaluate stage reads. All runs of a launch share its ranks: they
+    must agree on ``world_size`` and ``max_restarts``.
     """
     runs = parse_runs(run)
     configs = {r: resolve_config(pipeline, r, scale) for r in runs}
@@ -79,13 +81,17 @@ def plan_repeats(pipeline: str, run: str, scale: str | None) -> list[tuple[str, 
             f"({', '.join(f'{r}: {c.world_size}/{c.max_restarts}' for r, c in configs.items())})"
         )
     out = os.environ.get(OUT_DIR_ENV)
-    targets = []
-    for r, config in configs.items():
-        if len(runs) == 1:
-            targets.append((r, config, out or str(run_dir(pipeline, r)), os.environ.get(RUN_NAME_ENV) or r))
-        else:
-            targets.append((r, config, os.path.join(out, r) if out else str(run_dir(pipeline, r)), r))
     seeds = os.environ.get(SEEDS_ENV)
+    if len(runs) == 1 and not seeds:
+        (only,) = runs
+        return [
+            (only, configs[only], out or str(run_dir(pipeline, only)), os.environ.get(RUN_NAME_ENV) or only)
+        ]
+    given = os.environ.get(RUN_NAME_ENV) if len(runs) == 1 else None
+    targets = [
+        (r, config, os.path.join(out, r) if out else str(run_dir(pipeline, r)), given or r)
+        for r, config in configs.items()
+    ]
     if not seeds:
         return targets
     return [

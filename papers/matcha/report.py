@@ -2,7 +2,7 @@
 
     python -m papers.matcha.report
 
-Reads ``results/matcha/runs/<task>/<run>/seed0/`` (task ``fmnist_er``: the suite's Fashion-MNIST
+Reads ``results/matcha/runs/<task>/<run>/seed0/`` (task ``mnist_er``: the suite's MNIST
 recipe on 8 workers, graph 0, 100 Mbit/s tc-shaped links) and writes ``results/matcha/report.md`` and ``report.json`` (per run: the budget asked and realised,
 alpha and rho, the final training loss, test accuracy, and the time to reach vanilla's final
 training loss with the speed-up over vanilla; MLflow run ids), ``curves.png`` (training loss
@@ -49,9 +49,9 @@ RATE = "100mbit"  # the rate of the shaped task; the modelled times use it too
 SMOOTH = 4  # logged points in the trailing mean
 TARGET_SLACK = 0.02  # the target: vanilla's final smoothed training loss + 2 %
 TASKS = {
-    "fmnist_er": (
-        "Fashion-MNIST, airbench net (width 12), ER graph 0 (8 nodes, 5 matchings)",
-        "fmnist_centralized",
+    "mnist_er": (
+        "MNIST, airbench net (width 12), ER graph 0 (8 nodes, 5 matchings)",
+        "mnist_centralized",
     ),
 }
 METHODS = ("vanilla", "matcha05", "matcha03", "matcha01", "periodic05", "periodic03", "periodic01")
@@ -282,7 +282,7 @@ def plot(rows: list[dict[str, Any]], path: Path, infos: list[dict[str, Any]]) ->
 
 def spectra() -> None:
     params = load_params(PIPELINE)
-    graphs = {"er": params["runs"]["fmnist_er_matcha05"]["strategy_options"], "geo": params[".geo"]}
+    graphs = {"er": params["runs"]["mnist_er_matcha05"]["strategy_options"], "geo": params[".geo"]}
     for name, graph_options in graphs.items():
         options = {k: v for k, v in graph_options.items() if k not in ("mode", "budget")}  # the graph
         plans = [build_plan({**options, "mode": "matcha", "budget": b}, 8) for b in SPECTRUM_BUDGETS]

@@ -5,12 +5,12 @@
 DEF's runs on every task are the task suite's (``results/suite``: ``<task>_def``, 1/16, mu 0.3);
 the comparison runs are this pipeline's (``results/random_block/runs``, derived from the suite's DEF
 run): classic error feedback (mu 0), DEF and DEF-A at 1/16 and 1/64, each at lr 0.4 and 0.1, on
-Fashion-MNIST; classic EF at 1/16 on CIFAR-10. Each method is judged at its best lr of that grid
+MNIST; classic EF at 1/16 on CIFAR-10. Each method is judged at its best lr of that grid
 (the highest mean test metric over seeds: chosen on the test split, the same advantage for every
 method). Claims, through :mod:`common.verdict` (95 % interval over seeds, paired by seed):
 
 - DEF at 1/16 loses nothing against fp32 (every suite task);
-- DEF beats classic EF at 1/16 and 1/64 (Fashion-MNIST, each at its best lr) and at 1/16 on CIFAR-10
+- DEF beats classic EF at 1/16 and 1/64 (MNIST, each at its best lr) and at 1/16 on CIFAR-10
   (both at the recipe's lr);
 - DEF-A is ahead of DEF early in training (the evaluation at 30 % of the run, best lr each).
 

@@ -120,9 +120,7 @@ def launch_shaped(runs: list[str], rate: str, out: Path, scale: str | None) -> N
     for run in runs:
         shutil.rmtree(out / run / "seed0" / "ckpt", ignore_errors=True)
     command = [sys.executable, "-m", "pipelines.launch", "suite", ",".join(runs), "--seeds", "0"]
-    # one run writes straight into --out/seed<k>, several into --out/<run>/seed<k>: always the latter
-    target = out / runs[0] if len(runs) == 1 else out
-    command += ["--net-bandwidth", rate, "--out", str(target)]
+    command += ["--net-bandwidth", rate, "--out", str(out)]  # into <out>/<run>/seed0
     command += ["--scale", scale] if scale else []
     log.info("%s at %s", ",".join(runs), rate)
     process = subprocess.Popen(command)

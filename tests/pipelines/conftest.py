@@ -14,9 +14,9 @@ from tests.helpers.mlflow_store import fresh_store
 from tests.helpers.processes import run_group
 
 # every strategy the suite uses (data parallel, dgc, def, sparse), both task kinds, what the paper
-# pipelines' tests read (TernGrad on Fashion-MNIST, DGC and QSGD on Tiny Shakespeare)
+# pipelines' tests read (TernGrad on MNIST, DGC and QSGD on Tiny Shakespeare)
 SUITE_RUNS = (
-    "fmnist_fp32,fmnist_dgc,fmnist_def,fmnist_exdyna,fmnist_terngrad,shakespeare_fp32,shakespeare_qsgd4,shakespeare_dgc,"
+    "mnist_fp32,mnist_dgc,mnist_def,mnist_exdyna,mnist_terngrad,shakespeare_fp32,shakespeare_qsgd4,shakespeare_dgc,"
     "shakespeare_exdyna"
 )
 SUITE_SEEDS = (0, 1)

@@ -77,7 +77,7 @@ def test_leaderboard_measures_the_small_vision_task_and_models_every_task(repo, 
         "--suite",
         str(suite_smoke),
         "--tasks",
-        "fmnist",
+        "mnist",
         "shakespeare",
         "--methods",
         "fp32",
@@ -89,8 +89,8 @@ def test_leaderboard_measures_the_small_vision_task_and_models_every_task(repo, 
     )
     report = json.loads((root / "results/leaderboard/report.json").read_text())
     rows = {(r["task"], r["method"]): r for r in report["rows"]}
-    assert set(rows) == {(t, m) for t in ("fmnist", "shakespeare") for m in ("fp32", "dgc")}
-    fp32, dgc = rows[("fmnist", "fp32")], rows[("fmnist", "dgc")]
+    assert set(rows) == {(t, m) for t in ("mnist", "shakespeare") for m in ("fp32", "dgc")}
+    fp32, dgc = rows[("mnist", "fp32")], rows[("mnist", "dgc")]
     assert fp32["network"] == "200mbit" and fp32["rate"] == "200mbit"  # really trained over the shaped link
     assert dgc["bits_per_step"] < fp32["bits_per_step"] / 2
     assert fp32["measured_step_ms"] > 0 and fp32["modelled_step_ms"] > 0

@@ -1,4 +1,4 @@
-"""MATCHA end to end at smoke scale (8 gloo ranks, the paper's graph 0, the suite's Fashion-MNIST
+"""MATCHA end to end at smoke scale (8 gloo ranks, the paper's graph 0, the suite's MNIST
 recipe), and the report's arithmetic."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from tests.helpers.processes import run_group
 
 def test_one_launch_trains_vanilla_and_matcha_on_eight_ranks(tmp_path):
     env = {**os.environ, "MLFLOW_TRACKING_URI": fresh_store(tmp_path)}
-    command = [sys.executable, "-m", "pipelines.launch", "matcha", "fmnist_er_vanilla,fmnist_er_matcha01"]
+    command = [sys.executable, "-m", "pipelines.launch", "matcha", "mnist_er_vanilla,mnist_er_matcha01"]
     result = run_group(
         [*command, "--scale", "smoke", "--seeds", "0", "--out", str(tmp_path / "runs")],
         cwd=REPO_ROOT,
@@ -30,8 +30,8 @@ def test_one_launch_trains_vanilla_and_matcha_on_eight_ranks(tmp_path):
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     runs = tmp_path / "runs"
-    vanilla = json.loads((runs / "fmnist_er_vanilla" / "seed0" / "metrics.json").read_text())
-    matcha = json.loads((runs / "fmnist_er_matcha01" / "seed0" / "metrics.json").read_text())
+    vanilla = json.loads((runs / "mnist_er_vanilla" / "seed0" / "metrics.json").read_text())
+    matcha = json.loads((runs / "mnist_er_matcha01" / "seed0" / "metrics.json").read_text())
     # vanilla: every matching of graph 0 every step, with alpha 2 / (lambda_2 + lambda_max)
     assert vanilla["gossip_rounds_per_step"] == 5.0
     assert vanilla["gossip_alpha"] == pytest.approx(0.2857, abs=1e-4)
@@ -39,10 +39,10 @@ def test_one_launch_trains_vanilla_and_matcha_on_eight_ranks(tmp_path):
     assert matcha["gossip_rounds_per_step"] < 5.0
     # rank 0 of graph 0 has 3 neighbours: vanilla sends it the model 3 times a step (fp32): the
     # airbench net's 70,256 trainable entries (the frozen whitening filters and BN scales stay home)
-    info = json.loads((runs / "fmnist_er_vanilla" / "seed0" / "run.json").read_text())
+    info = json.loads((runs / "mnist_er_vanilla" / "seed0" / "run.json").read_text())
     calls, nbytes = info["comm_ops_per_step"]["send"]
     assert calls == 3.0 and nbytes == 3 * 70_256 * 4
-    with (runs / "fmnist_er_matcha01" / "seed0" / "train_curve.csv").open() as f:
+    with (runs / "mnist_er_matcha01" / "seed0" / "train_curve.csv").open() as f:
         rounds = [float(row["gossip_rounds"]) for row in csv.DictReader(f)]
     assert rounds == sorted(rounds) and rounds[-1] == pytest.approx(6 * matcha["gossip_rounds_per_step"])
 

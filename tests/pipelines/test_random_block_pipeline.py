@@ -14,25 +14,25 @@ from pipelines.common import load_params
 from pipelines.train import resolve_config
 from tests.pipelines.conftest import train_evaluate_report
 
-RUNS = ",".join(f"fmnist_d16_{m}_{lr}" for m in ("ef", "def", "defa") for lr in ("lr04", "lr01"))
+RUNS = ",".join(f"mnist_d16_{m}_{lr}" for m in ("ef", "def", "defa") for lr in ("lr04", "lr01"))
 
 
 @pytest.fixture(scope="module")
 def random_block(suite_smoke, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("random_block")
     return train_evaluate_report(
-        "random_block", RUNS, "fmnist_d16", "0", suite_smoke, root, "papers.random_block.report"
+        "random_block", RUNS, "mnist_d16", "0", suite_smoke, root, "papers.random_block.report"
     )
 
 
 def _metrics(root: Path, run: str) -> dict:
-    return json.loads((root / "runs" / "fmnist_d16" / run / "seed0" / "metrics.json").read_text())
+    return json.loads((root / "runs" / "mnist_d16" / run / "seed0" / "metrics.json").read_text())
 
 
 def test_blocks_are_what_is_sent_and_defa_sends_three(random_block):
     # one block of ceil(n / 16) fp32 values per tensor and nothing else: 16x, less for the
     # rounding up of small tensors (BatchNorm shifts, the whitening bias)
-    ef, defa = _metrics(random_block, "fmnist_d16_ef_lr04"), _metrics(random_block, "fmnist_d16_defa_lr04")
+    ef, defa = _metrics(random_block, "mnist_d16_ef_lr04"), _metrics(random_block, "mnist_d16_defa_lr04")
     assert 12 < ef["compression_factor"] <= 16
     # DEF-A also averages the errors and the momentum through blocks: three blocks per tensor
     assert ef["compression_factor"] / defa["compression_factor"] == pytest.approx(3)
@@ -48,7 +48,7 @@ def test_report_picks_the_best_lr_and_judges_def_against_ef(random_block):
     assert sorted(r["method"] for r in best) == ["def", "defa", "ef"]  # one best lr each
     by_run = {r["run"]: r for r in report["rows"] if r["source"] == "random_block"}
     for method in ("ef", "def", "defa"):
-        a, b = by_run[f"fmnist_d16_{method}_lr04"], by_run[f"fmnist_d16_{method}_lr01"]
+        a, b = by_run[f"mnist_d16_{method}_lr04"], by_run[f"mnist_d16_{method}_lr01"]
         assert a["best"] != b["best"] and (a["mean"] >= b["mean"]) == a["best"]
     assert all(c["verdict"] == "inconclusive" for c in report["claims"])  # 1-2 seeds at smoke
 

@@ -28,7 +28,7 @@ def test_every_run_is_trained_and_evaluated_on_the_whole_test_split(suite):
             assert (folder / "model.pt").exists() and (folder / "metrics.json").exists()
             evaluation = json.loads((suite / "evaluations" / "group" / run / f"seed{seed}.json").read_text())
             # smoke training evaluates 128 test examples; the evaluate stage all of them
-            expected = 10_000 if run.startswith("fmnist") else 435  # windows of 128 of 55,771 characters
+            expected = 10_000 if run.startswith("mnist") else 435  # windows of 128 of 55,771 characters
             assert evaluation["test_examples"] == expected
             assert (
                 evaluation["training_run_id"]
@@ -46,15 +46,15 @@ def test_evaluations_are_mlflow_runs_nested_under_their_training_runs(suite):
     assert len(evaluations) == 2 * len(RUNS.split(","))
     for run_id in evaluations:
         parent = nested[run_id]
-        assert names[parent] + "-evaluate" == names[run_id]  # fmnist_dgc-seed1 <- fmnist_dgc-seed1-evaluate
+        assert names[parent] + "-evaluate" == names[run_id]  # mnist_dgc-seed1 <- mnist_dgc-seed1-evaluate
 
 
 def test_report_judges_every_method_and_never_from_too_few_seeds(suite):
     report = json.loads((suite / "report.json").read_text())
     tasks = {c["task"]: c for c in report["convergence"]}
-    assert set(tasks) == {"fmnist", "shakespeare"}
+    assert set(tasks) == {"mnist", "shakespeare"}
     assert (
-        tasks["fmnist"]["seeds"] == [0, 1] and tasks["fmnist"]["evaluations_per_run"] == 6
+        tasks["mnist"]["seeds"] == [0, 1] and tasks["mnist"]["evaluations_per_run"] == 6
     )  # 10 asked, 6 steps
     rows = {r["run"]: r for r in report["rows"]}
     assert set(rows) == set(RUNS.split(","))
@@ -65,7 +65,7 @@ def test_report_judges_every_method_and_never_from_too_few_seeds(suite):
         # 2 seeds are too few for a claim of 0.5 points or 2 % perplexity: inconclusive by rule
         assert row["verdict"] == "inconclusive" and "2 run(s)" in row["reason"]
         assert row["paired"] and row["low"] <= row["difference"] <= row["high"]
-    assert rows["fmnist_dgc"]["compression_factor"] > 1
+    assert rows["mnist_dgc"]["compression_factor"] > 1
     text = (suite / "report.md").read_text()
     assert "## fp32 convergence" in text and "Tiny Shakespeare" in text
     assert (suite / "curves.png").stat().st_size > 10_000

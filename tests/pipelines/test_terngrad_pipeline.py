@@ -13,14 +13,14 @@ from common.paths import REPO_ROOT
 from tests.helpers.processes import run_group
 from tests.pipelines.conftest import tracking_env, train_evaluate_report
 
-ABLATIONS = "fmnist_noclip,fmnist_noshare,fmnist_clipown"
+ABLATIONS = "mnist_noclip,mnist_noshare,mnist_clipown"
 
 
 @pytest.fixture(scope="module")
 def terngrad(suite_smoke, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("terngrad")
     return train_evaluate_report(
-        "terngrad", ABLATIONS, "fmnist", "0,1", suite_smoke, root, "papers.terngrad.report"
+        "terngrad", ABLATIONS, "mnist", "0,1", suite_smoke, root, "papers.terngrad.report"
     )
 
 
@@ -32,13 +32,13 @@ def _read(folder: Path) -> dict:
 
 
 def test_ablations_are_the_suite_recipe_with_only_their_options_changed(terngrad, suite_smoke):
-    suite = _read(suite_smoke / "runs" / "group" / "fmnist_terngrad" / "seed0")["run"]["config"]
+    suite = _read(suite_smoke / "runs" / "group" / "mnist_terngrad" / "seed0")["run"]["config"]
     for run, options in {
-        "fmnist_noclip": {"clip": None, "shared_scaler": True},
-        "fmnist_noshare": {"clip": 2.5, "shared_scaler": False},
-        "fmnist_clipown": {"clip": 2.5, "shared_scaler": True, "clip_at": "own"},
+        "mnist_noclip": {"clip": None, "shared_scaler": True},
+        "mnist_noshare": {"clip": 2.5, "shared_scaler": False},
+        "mnist_clipown": {"clip": 2.5, "shared_scaler": True, "clip_at": "own"},
     }.items():
-        config = _read(terngrad / "runs" / "fmnist" / run / "seed0")["run"]["config"]
+        config = _read(terngrad / "runs" / "mnist" / run / "seed0")["run"]["config"]
         assert config["compressor_options"] == options
         assert {k: v for k, v in config.items() if k != "compressor_options"} == {
             k: v for k, v in suite.items() if k != "compressor_options"
@@ -46,8 +46,8 @@ def test_ablations_are_the_suite_recipe_with_only_their_options_changed(terngrad
 
 
 def test_routes_and_bits_follow_the_scaler_sharing(terngrad, suite_smoke):
-    shared = _read(suite_smoke / "runs" / "group" / "fmnist_terngrad" / "seed0")
-    unshared = _read(terngrad / "runs" / "fmnist" / "fmnist_noshare" / "seed0")
+    shared = _read(suite_smoke / "runs" / "group" / "mnist_terngrad" / "seed0")
+    unshared = _read(terngrad / "runs" / "mnist" / "mnist_noshare" / "seed0")
     # airbench (width 12): 14 trainable tensors; 6 smoke steps; at 2 ranks the codes are all-gathered
     assert shared["run"]["routes"] == {"terngrad-allgather": 14 * 6}
     assert unshared["run"]["routes"] == {"terngrad-allgather": 14 * 6}
@@ -68,13 +68,13 @@ def test_report_judges_the_suite_claim_and_every_ablation(terngrad):
     }
     for claim in claims.values():
         assert claim["verdict"] == "inconclusive" and claim["seeds"] == [2, 2]  # 2 seeds: too few
-    assert {(r["task"], r["variant"]) for r in report["rows"]} >= {("fmnist", "fp32"), ("fmnist", "noclip")}
+    assert {(r["task"], r["variant"]) for r in report["rows"]} >= {("mnist", "fp32"), ("mnist", "noclip")}
     assert (terngrad / "curves.png").stat().st_size > 10_000
     assert "## Claims" in (terngrad / "report.md").read_text()
 
 
 def test_a_seed_in_a_shared_launch_equals_a_launch_of_its_own(terngrad, tmp_path):
-    command = [sys.executable, "-m", "pipelines.launch", "terngrad", "fmnist_noclip", "--scale", "smoke"]
+    command = [sys.executable, "-m", "pipelines.launch", "terngrad", "mnist_noclip", "--scale", "smoke"]
     result = run_group(
         [*command, "--seed", "1", "--out", str(tmp_path / "alone")],
         cwd=REPO_ROOT,
@@ -83,14 +83,14 @@ def test_a_seed_in_a_shared_launch_equals_a_launch_of_its_own(terngrad, tmp_path
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     alone = _read(tmp_path / "alone")["metrics"]
-    shared = _read(terngrad / "runs" / "fmnist" / "fmnist_noclip" / "seed1")["metrics"]
+    shared = _read(terngrad / "runs" / "mnist" / "mnist_noclip" / "seed1")["metrics"]
     keys = ("test_accuracy", "test_loss", "train_loss", "bits_per_step")
     assert {k: alone[k] for k in keys} == {k: shared[k] for k in keys}
 
 
 def test_bad_seed_lists_fail_before_any_worker_starts(tmp_path):
     for bad in ("0,x", "1,1", "-2"):
-        command = [sys.executable, "-m", "pipelines.launch", "terngrad", "fmnist_noclip", "--seeds", bad]
+        command = [sys.executable, "-m", "pipelines.launch", "terngrad", "mnist_noclip", "--seeds", bad]
         result = run_group([*command, "--out", str(tmp_path / "x")], cwd=REPO_ROOT, timeout=120)
         assert result.returncode != 0
         assert f"--seeds {bad!r}" in result.stderr
