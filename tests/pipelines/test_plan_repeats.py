@@ -37,7 +37,7 @@ def test_one_run_with_seeds_goes_into_its_run_folder_like_several(env):
 
 
 def test_one_run_without_seeds_writes_into_out_itself(env):
-    monkeypatch, out = env
+    _, out = env
     assert _layout("cifar_dgc") == [("cifar_dgc", 0, str(out), "cifar_dgc")]
     assert [o for _, _, o, _ in _layout("cifar_dgc,cifar_def")] == [
         str(out / "cifar_dgc"),
