@@ -22,6 +22,7 @@ METHODS = ("dense", "sparse", "sputnik")
 GRADS = ("dense", "packed")
 SCHEDULES = ("gpipe", "1f1b")
 MASK_FAMILIES = ("oneshot_global", "oneshot_layerwise", "imp_global")
+LR_DECAYS = ("constant", "cosine")
 
 T = TypeVar("T")
 
@@ -105,10 +106,24 @@ class PruneConfig:
     iterative: bool = True  # imp_global: 0 -> s1 -> s2 -> ... (each round retrained from the rewind)
     eval_windows: int = 128
     log_every: int = 50
+    # the schedule after the warm-up, over ``steps``: constant, or cosine down to min_lr_factor x lr
+    # (nanoGPT's); every retraining follows the same schedule from the rewind step on
+    lr_decay: str = "constant"
+    min_lr_factor: float = 0.1
+    num_evaluations: int = 10  # of the dense run on the validation windows, evenly spaced, the last at steps
+    plateau: float = 0.03  # nats: the dense curve has converged when its last fifth gains less than this
 
     def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "eval_windows", "log_every"):
+        for name in ("steps", "batch_size", "eval_windows", "log_every", "num_evaluations"):
             _positive_int(name, getattr(self, name))
+        if self.lr_decay not in LR_DECAYS:
+            raise ValueError(f"lr_decay must be one of {list(LR_DECAYS)}, got {self.lr_decay!r}")
+        _positive_float("min_lr_factor", self.min_lr_factor, zero_ok=True)
+        if self.min_lr_factor > 1:
+            raise ValueError(f"min_lr_factor must be in [0, 1], got {self.min_lr_factor!r}")
+        _positive_float("plateau", self.plateau)
+        if self.num_evaluations > self.steps:
+            raise ValueError(f"num_evaluations ({self.num_evaluations}) must be <= steps ({self.steps})")
         if isinstance(self.rewind_step, bool) or not isinstance(self.rewind_step, int):
             raise ValueError(f"rewind_step must be an integer, got {self.rewind_step!r}")
         if not 0 <= self.rewind_step < self.steps:
@@ -123,6 +138,23 @@ class PruneConfig:
         if bad or not self.scopes:
             raise ValueError(f"scopes must be a non-empty list of {list(SCOPES)}, got {list(self.scopes)}")
         object.__setattr__(self, "scopes", tuple(self.scopes))
+
+    def lr_at(self, optim: OptimConfig, step: int) -> float:
+        """Learning rate of 0-based ``step`` of dense training and of every retraining: the
+        optimizer's warm-up, then constant or cosine from the end of the warm-up to ``steps``."""
+        base = optim.lr_at(step)
+        if self.lr_decay == "constant" or step < optim.warmup_steps:
+            return base
+        span = max(1, self.steps - optim.warmup_steps)
+        progress = min(1.0, (step - optim.warmup_steps) / span)
+        floor = self.min_lr_factor
+        return optim.lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+    def evaluation_steps(self) -> list[int]:
+        """The steps (1-based counts) after which the dense run is evaluated: evenly spaced, the last
+        at ``steps``."""
+        n = self.num_evaluations
+        return sorted({round(self.steps * (i + 1) / n) for i in range(n)})
 
 
 @dataclass(frozen=True)
@@ -230,7 +262,9 @@ class ScaleConfig:
             seq_len=32,
             model=ModelConfig(n_layer=2, n_embd=32, n_head=2, n_positions=32),
             optim=OptimConfig(warmup_steps=2),
-            prune=PruneConfig(steps=8, rewind_step=2, batch_size=8, eval_windows=16, log_every=4),
+            prune=PruneConfig(
+                steps=8, rewind_step=2, batch_size=8, eval_windows=16, log_every=4, num_evaluations=4
+            ),
             train=TrainConfig(steps=4, batch_size=8, eval_windows=16, timing_skip=1),
         )
 

@@ -41,6 +41,7 @@ from common.distributed import seed_everything
 from common.fileio import atomic_write, atomic_write_json, atomic_write_text
 from common.pruning import apply_masks, magnitude_masks, masks_sparsity, prunable_parameters, save_masks
 from common.tracking import Tracker, git_sha
+from common.verdict import plateau
 
 from .config import ScaleConfig
 from .memory import configurations
@@ -70,8 +71,11 @@ def train(
     *,
     label: str,
     on_step: Any = None,
+    after_step: Any = None,
 ) -> list[list[float]]:
-    """Train steps ``[first_step, prune.steps)``: dense AdamW without masks, compact AdamW with.
+    """Train steps ``[first_step, prune.steps)``: dense AdamW without masks, compact AdamW with;
+    the learning rate of :meth:`PruneConfig.lr_at`. ``on_step(step)`` runs before a step,
+    ``after_step(steps_done)`` after it.
 
     Returns ``[step, loss]`` rows every ``prune.log_every`` steps (and the last).
     """
@@ -85,7 +89,7 @@ def train(
         if on_step is not None:
             on_step(step)
         x, y = batch(data, config.seed, step, prune.batch_size)
-        lr = optim.lr_at(step)
+        lr = prune.lr_at(optim, step)
         loss = nn.functional.cross_entropy(logits_of(model, x).flatten(0, 1), y.flatten())
         if training is not None:
             training.zero_grad()
@@ -100,6 +104,8 @@ def train(
             for group in dense.param_groups:
                 group["lr"] = lr
             dense.step()
+        if after_step is not None:
+            after_step(step + 1)
         if (step + 1) % prune.log_every == 0 or step + 1 == prune.steps:
             curve.append([step + 1, loss.item()])
             log.info(
@@ -134,12 +140,38 @@ def run(config: ScaleConfig, out: Path, tracker: Tracker | None = None) -> dict[
         if step == prune.rewind_step:
             rewind.update(_snapshot(model))
 
-    dense_curve = train(model, config, train_data, 0, None, label="dense", on_step=keep_rewind)
+    evaluations = set(prune.evaluation_steps())
+    eval_curve: list[list[float]] = []
+
+    def evaluate_dense(steps_done: int) -> None:
+        if steps_done in evaluations:
+            eval_curve.append([steps_done, evaluate(model, val_data)["loss"]])
+            log.info("dense: step %d validation loss %.4f", steps_done, eval_curve[-1][1])
+
+    start = time.perf_counter()
+    dense_curve = train(
+        model, config, train_data, 0, None, label="dense", on_step=keep_rewind, after_step=evaluate_dense
+    )
+    dense_seconds = time.perf_counter() - start
     trained = _snapshot(model)
     dense_eval = evaluate(model, val_data)
-    log.info("dense: validation perplexity %.3f", dense_eval["perplexity"])
+    converged = plateau(
+        [e[0] for e in eval_curve],
+        [e[1] for e in eval_curve],
+        tolerance=prune.plateau,
+        higher_is_better=False,
+    )
+    log.info(
+        "dense: validation perplexity %.3f; last fifth gained %.4f nats (plateau below %.4f: %s)",
+        dense_eval["perplexity"],
+        converged.improvement,
+        prune.plateau,
+        "reached" if converged.reached else "NOT reached",
+    )
     (out / "masks").mkdir(parents=True, exist_ok=True)
+    (out / "models").mkdir(parents=True, exist_ok=True)
     atomic_write(out / "rewind.pt", lambda tmp: torch.save(rewind, tmp))
+    atomic_write(out / "models" / "dense.pt", lambda tmp: torch.save(trained, tmp))
 
     results: dict[str, dict[str, Any]] = {}
     retrained: dict[str, State] = {}
@@ -157,6 +189,7 @@ def run(config: ScaleConfig, out: Path, tracker: Tracker | None = None) -> dict[
         zeros_kept = all(bool((model.get_parameter(n)[~m] == 0).all()) for n, m in masks.items())
         assert zeros_kept, f"{name}: a pruned weight is nonzero after retraining"
         retrained[name] = _snapshot(model)
+        atomic_write(out / "models" / f"{name}.pt", lambda tmp: torch.save(retrained[name], tmp))
         all_masks[name] = masks
         save_masks(
             out / "masks" / f"{name}.pt", masks, model, "layerwise" if "layerwise" in family else "global"
@@ -203,6 +236,11 @@ def run(config: ScaleConfig, out: Path, tracker: Tracker | None = None) -> dict[
             model,
             "global",
         )
+        first_weights = retrained[first]  # round 1 of IMP is the one-shot global mask
+        atomic_write(
+            out / "models" / f"{mask_name('imp_global', prune.sparsities[0])}.pt",
+            lambda tmp: torch.save(first_weights, tmp),
+        )
         previous, previous_s = first, prune.sparsities[0]
         for s in prune.sparsities[1:]:
             model.load_state_dict(retrained[previous])
@@ -230,12 +268,33 @@ def run(config: ScaleConfig, out: Path, tracker: Tracker | None = None) -> dict[
             "perplexity": dense_eval["perplexity"],
             "loss": dense_eval["loss"],
             "curve": dense_curve,
+            "eval_curve": eval_curve,  # [step, validation loss]
+            "plateau": {
+                "improvement": converged.improvement,  # nats gained over the last fifth
+                "tolerance": converged.tolerance,
+                "from_step": converged.start_step,
+                "reached": converged.reached,
+            },
+            "wall_seconds": dense_seconds,
         },
         "eval_windows": len(val_data),
         "masks": results,
         "train_masks": family,
         "configurations": configs,
     }
+
+
+def _plateau_line(dense: dict[str, Any]) -> str:
+    """Whether the dense curve converged before pruning, in words."""
+    p = dense.get("plateau")
+    if not p:
+        return "no validation curve recorded."
+    verdict = "converged" if p["reached"] else "**not converged**"
+    curve = ", ".join(f"{loss:.3f}" for _, loss in dense["eval_curve"])
+    return (
+        f"validation loss over training {curve} nats; the last fifth (from step {p['from_step']:.0f}) "
+        f"gained {p['improvement']:.4f} nats against the stated {p['tolerance']:.4f}: {verdict}."
+    )
 
 
 def markdown(record: dict[str, Any]) -> str:
@@ -246,7 +305,7 @@ def markdown(record: dict[str, Any]) -> str:
         f"{prune['steps']} dense steps, rewind to step {prune['rewind_step']}, every mask retrained "
         f"{prune['steps'] - prune['rewind_step']} steps from the rewind. Validation perplexity on "
         f"{record['eval_windows']} windows. MLflow run `{record.get('mlflow_run_id')}`, git {record.get('git_sha')}.\n",
-        f"Dense: perplexity **{record['dense']['perplexity']:.3f}**.\n",
+        f"Dense: perplexity **{record['dense']['perplexity']:.3f}**; {_plateau_line(record['dense'])}\n",
         "| masks | sparsity (prunable) | perplexity pruned, not retrained | perplexity retrained | vs dense |",
         "|---|---:|---:|---:|---:|",
     ]

@@ -8,6 +8,8 @@ files say was sent, kept and measured, and that bad inputs fail before any rank 
 from __future__ import annotations
 
 import csv
+import dataclasses
+import itertools
 import json
 import math
 import os
@@ -20,7 +22,7 @@ from common.paths import REPO_ROOT
 from common.pipeline import GPT2Stage
 from common.pruning import load_masks, magnitude_masks, save_masks
 from papers.sparse_axonn.config import ModelConfig, ScaleConfig, from_params
-from papers.sparse_axonn.model import build_gpt2
+from papers.sparse_axonn.model import build_gpt2, evaluate, load_split
 from papers.sparse_axonn.params import load_config
 from pipelines.common import load_params
 from tests.helpers.mlflow_store import fresh_store
@@ -83,6 +85,75 @@ def test_prune_writes_every_mask_and_the_perplexities(pruned):
     m90 = load_masks(pruned / "masks" / "imp_global_90.pt").masks
     assert all(not (m90[n] & ~m80[n]).any() for n in m80)
     assert (pruned / "rewind.pt").exists() and "capacity_bytes" in record["configurations"]["fp32"]
+
+
+def test_the_dense_curve_is_judged_and_every_model_is_written(pruned):
+    record = json.loads((pruned / "prune.json").read_text())
+    config, _ = load_config("smoke")
+    dense = record["dense"]
+    assert [step for step, _ in dense["eval_curve"]] == config.prune.evaluation_steps() == [2, 4, 6, 8]
+    first, last = dense["eval_curve"][-2][1], dense["eval_curve"][-1][1]
+    # the last fifth of 8 steps starts at the evaluation at or before step 6.4: step 6
+    assert dense["plateau"]["from_step"] == 6 and dense["plateau"]["improvement"] == pytest.approx(
+        first - last
+    )
+    assert dense["plateau"]["reached"] == (first - last < config.prune.plateau)
+    assert {p.stem for p in (pruned / "models").glob("*.pt")} == {"dense", *record["masks"]}
+
+
+def test_evaluate_measures_the_pruned_models_on_the_whole_test_split(pruned, env, monkeypatch):
+    from papers.sparse_axonn.evaluate import evaluate_models
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", env["MLFLOW_TRACKING_URI"])
+    rows = {r["model"]: r for r in evaluate_models(pruned)}
+    record = json.loads((pruned / "prune.json").read_text())
+    assert set(rows) == {"dense", *record["masks"]}
+    config, _ = load_config("smoke")
+    test_tokens = len(load_split(config, "test"))
+    for name, row in rows.items():
+        assert row["test_windows"] == test_tokens and math.isfinite(row["test_perplexity"])
+        assert row["mlflow_run_id"] and row["prune_run_id"] == record["mlflow_run_id"]
+        assert json.loads((pruned / "evaluations" / f"{name}.json").read_text()) == row
+        if name != "dense":
+            assert row["sparsity"] == pytest.approx(record["masks"][name]["sparsity"])
+    # the same model on the prune stage's validation windows: the same loss as the stage measured
+    val = load_split(config, "val", limit=config.prune.eval_windows)
+    _, model = _model(pruned)
+    model.load_state_dict(torch.load(pruned / "models" / "imp_global_90.pt", weights_only=True))
+    assert evaluate(model, val)["perplexity"] == pytest.approx(
+        record["masks"]["imp_global_90"]["perplexity_retrained"], rel=1e-6
+    )
+
+
+def test_evaluate_refuses_a_model_that_is_not_the_pruned_one(pruned, tmp_path):
+    import shutil
+
+    from papers.sparse_axonn.evaluate import evaluate_models
+
+    copy = tmp_path / "prune"
+    shutil.copytree(pruned, copy)
+    shutil.copy(copy / "models" / "dense.pt", copy / "models" / "oneshot_global_90.pt")
+    with pytest.raises(SystemExit, match=r"models/oneshot_global_90.pt is not the pruned model of masks/"):
+        evaluate_models(copy, track=False)
+    (copy / "models" / "dense.pt").unlink()
+    with pytest.raises(SystemExit, match=r"no trained weights .*dense.pt: rerun the prune stage"):
+        evaluate_models(copy, track=False)
+
+
+def test_cosine_decay_runs_from_the_warm_up_to_the_floor():
+    config, _ = load_config("smoke")
+    prune = dataclasses.replace(config.prune, lr_decay="cosine", min_lr_factor=0.1, steps=110)
+    optim = dataclasses.replace(config.optim, lr=1e-3, warmup_steps=10)
+    lrs = [prune.lr_at(optim, s) for s in range(110)]
+    assert lrs[:10] == [optim.lr_at(s) for s in range(10)] and lrs[10] == pytest.approx(1e-3)
+    assert lrs[60] == pytest.approx(1e-4 + 0.9e-3 * 0.5) and lrs[109] == pytest.approx(1e-4, rel=3e-3)
+    assert all(a >= b for a, b in itertools.pairwise(lrs[10:]))
+    constant = dataclasses.replace(prune, lr_decay="constant")
+    assert [constant.lr_at(optim, s) for s in range(110)] == [optim.lr_at(s) for s in range(110)]
+    with pytest.raises(ValueError, match=r"lr_decay must be one of \['constant', 'cosine'\], got 'step'"):
+        dataclasses.replace(prune, lr_decay="step")
+    with pytest.raises(ValueError, match=r"num_evaluations \(200\) must be <= steps \(110\)"):
+        dataclasses.replace(prune, num_evaluations=200)
 
 
 def _stage_counts(pruned, num_stages):
