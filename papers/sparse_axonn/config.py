@@ -263,7 +263,13 @@ class ScaleConfig:
             model=ModelConfig(n_layer=2, n_embd=32, n_head=2, n_positions=32),
             optim=OptimConfig(warmup_steps=2),
             prune=PruneConfig(
-                steps=8, rewind_step=2, batch_size=8, eval_windows=16, log_every=4, num_evaluations=4
+                steps=8,
+                rewind_step=2,
+                batch_size=8,
+                eval_windows=16,
+                log_every=4,
+                lr_decay="cosine",
+                num_evaluations=4,
             ),
             train=TrainConfig(steps=4, batch_size=8, eval_windows=16, timing_skip=1),
         )
