@@ -493,3 +493,25 @@ def test_airbench_without_whitening_trains_its_stem() -> None:
 def test_airbench_rejects_bad_width() -> None:
     with pytest.raises(ValueError, match="airbench width must be a positive integer, got 0"):
         build_model("airbench", in_channels=3, image_size=32, width=0)
+
+
+def test_airbench_bn_eps_reaches_every_norm_and_bounds_a_flat_channel() -> None:
+    default = build_model("airbench", in_channels=1, image_size=28, width=4)
+    model = build_model("airbench", in_channels=1, image_size=28, width=4, bn_eps=1e-5)
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    assert len(norms) == 6 and all(m.eps == 1e-5 for m in norms)
+    assert all(m.eps == 1e-12 for m in default.modules() if isinstance(m, torch.nn.BatchNorm2d))
+    # a channel whose batch variance is ~0 (MNIST's constant background): the gradient through BN
+    # scales with 1/sqrt(var + eps), so eps bounds it
+    x = torch.full((8, 4, 6, 6), 0.5)
+    x[0, 0, 0, 0] += 1e-6
+    grads = {}
+    for eps in (1e-12, 1e-5):
+        norm = torch.nn.BatchNorm2d(4, eps=eps)
+        xi = x.clone().requires_grad_(True)
+        (norm(xi)[:, 0] * torch.arange(8.0)[:, None, None]).sum().backward()
+        grads[eps] = xi.grad.abs().max().item()
+    assert grads[1e-12] > 1e3 * grads[1e-5]  # ~sqrt(1e-5 / 1e-12) = 3162
+    for bad in (0, -1e-5, 1.5, True, "1e-5"):
+        with pytest.raises(ValueError, match=rf"airbench bn_eps must be a number in \(0, 1\), got {bad!r}"):
+            build_model("airbench", in_channels=1, image_size=28, width=4, bn_eps=bad)
