@@ -37,3 +37,17 @@ def flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[f"{prefix}{key}"] = value
     return out
+
+
+def convergence(dense: Mapping[str, Any]) -> str:
+    """Whether the prune stage's dense run converged before pruning, in one sentence (``prune.json``'s
+    ``dense``: its validation curve and plateau check)."""
+    p = dense.get("plateau")
+    if not p:
+        return "The dense run recorded no validation curve (a prune stage from before that check)."
+    curve = ", ".join(f"{loss:.3f}" for _, loss in dense["eval_curve"])
+    verdict = "converged before pruning" if p["reached"] else "**not converged** before pruning"
+    return (
+        f"Dense validation loss over training: {curve} nats; its last fifth (from step {p['from_step']:.0f}) "
+        f"gained {p['improvement']:.4f} nats against the stated {p['tolerance']:.4f}: {verdict}."
+    )

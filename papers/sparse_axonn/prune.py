@@ -46,7 +46,7 @@ from common.verdict import plateau
 from .config import ScaleConfig
 from .memory import configurations
 from .model import batch, build_gpt2, evaluate, load_split, logits_of
-from .params import flatten, load_config, out_dir
+from .params import convergence, flatten, load_config, out_dir
 from .sparse_state import CompactTraining, dense_optimizer
 
 log = logging.getLogger("sparse_axonn.prune")
@@ -284,19 +284,6 @@ def run(config: ScaleConfig, out: Path, tracker: Tracker | None = None) -> dict[
     }
 
 
-def _plateau_line(dense: dict[str, Any]) -> str:
-    """Whether the dense curve converged before pruning, in words."""
-    p = dense.get("plateau")
-    if not p:
-        return "no validation curve recorded."
-    verdict = "converged" if p["reached"] else "**not converged**"
-    curve = ", ".join(f"{loss:.3f}" for _, loss in dense["eval_curve"])
-    return (
-        f"validation loss over training {curve} nats; the last fifth (from step {p['from_step']:.0f}) "
-        f"gained {p['improvement']:.4f} nats against the stated {p['tolerance']:.4f}: {verdict}."
-    )
-
-
 def markdown(record: dict[str, Any]) -> str:
     prune = record["scale_config"]["prune"]
     lines = [
@@ -305,7 +292,7 @@ def markdown(record: dict[str, Any]) -> str:
         f"{prune['steps']} dense steps, rewind to step {prune['rewind_step']}, every mask retrained "
         f"{prune['steps'] - prune['rewind_step']} steps from the rewind. Validation perplexity on "
         f"{record['eval_windows']} windows. MLflow run `{record.get('mlflow_run_id')}`, git {record.get('git_sha')}.\n",
-        f"Dense: perplexity **{record['dense']['perplexity']:.3f}**; {_plateau_line(record['dense'])}\n",
+        f"Dense: perplexity **{record['dense']['perplexity']:.3f}**. {convergence(record['dense'])}\n",
         "| masks | sparsity (prunable) | perplexity pruned, not retrained | perplexity retrained | vs dense |",
         "|---|---:|---:|---:|---:|",
     ]

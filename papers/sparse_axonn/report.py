@@ -24,6 +24,7 @@ from pipelines.common import RESULTS_DIR, load_params, quiet_environment
 from pipelines.report import finish_report, save_panels
 
 from .extrapolate import PaperSetting, model_setting
+from .params import convergence
 
 PIPELINE = "sparse_axonn"
 OUT = RESULTS_DIR / PIPELINE
@@ -107,20 +108,6 @@ def _evaluations(root: Path) -> dict[str, dict[str, Any]]:
     return {p.stem: json.loads(p.read_text()) for p in sorted((root / "evaluations").glob("*.json"))}
 
 
-def _converged(dense: dict[str, Any]) -> str:
-    p = dense.get("plateau")
-    if not p:
-        return (
-            "The dense run recorded no validation curve (a prune stage from before convergence was checked)."
-        )
-    curve = ", ".join(f"{loss:.3f}" for _, loss in dense["eval_curve"])
-    verdict = "converged before pruning" if p["reached"] else "**not converged** before pruning"
-    return (
-        f"Dense validation loss over training: {curve} nats; its last fifth (from step {p['from_step']:.0f}) "
-        f"gained {p['improvement']:.4f} nats against the stated {p['tolerance']:.4f}: {verdict}.\n"
-    )
-
-
 def prune_section(prune: dict[str, Any], evaluations: dict[str, dict[str, Any]] | None = None) -> list[str]:
     evaluations = evaluations or {}
     p = prune["scale_config"]["prune"]
@@ -132,7 +119,7 @@ def prune_section(prune: dict[str, Any], evaluations: dict[str, dict[str, Any]] 
         f"steps from it with the compact optimizer. Validation perplexity on {prune['eval_windows']} windows. "
         f"MLflow run `{prune['mlflow_run_id']}`, git {prune['git_sha']}.\n",
         f"Dense: perplexity **{prune['dense']['perplexity']:.3f}**.\n",
-        _converged(prune["dense"]),
+        convergence(prune["dense"]) + "\n",
         "| masks | sparsity | pruned, not retrained | retrained | retrained / dense | test split (evaluate) |",
         "|---|---:|---:|---:|---:|---:|",
     ]
