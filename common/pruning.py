@@ -329,3 +329,11 @@ def load_masks(path: str | os.PathLike[str], model: nn.Module | None = None) -> 
     if model is not None:
         check_masks(model, masks)
     return SavedMasks(masks=masks, sparsity=sparsity, scope=str(record["scope"]), shapes=shapes)
+
+
+def pruned_nonzero(model: nn.Module, masks: Mapping[str, Tensor]) -> dict[str, int]:
+    """Per masked parameter of ``model``, how many of its pruned entries (mask False) are nonzero;
+    masks naming no parameter of ``model`` (another pipeline stage's) are skipped. All zeros for a
+    model that is the pruned one."""
+    params = dict(model.named_parameters())
+    return {n: int((params[n].detach()[~m] != 0).sum()) for n, m in masks.items() if n in params}

@@ -15,6 +15,7 @@ experiment, ``<name>-evaluate``, nested under the prune run (``mlflow.parentRunI
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 from pathlib import Path
@@ -23,19 +24,15 @@ from typing import Any
 import torch
 
 from common.fileio import atomic_write_json
-from common.pruning import load_masks
+from common.pruning import load_masks, pruned_nonzero
 from common.tracking import Tracker, git_sha
 
 from .config import ScaleConfig
 from .model import build_gpt2, evaluate, load_split
-from .params import OUT
-
-PIPELINE = "sparse_axonn"
+from .params import OUT, PIPELINE
 
 
 def _read_json(path: Path) -> Any:
-    import json
-
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
@@ -66,10 +63,7 @@ def evaluate_models(root: Path, *, track: bool = True) -> list[dict[str, Any]]:
         row: dict[str, Any] = {"model": name, "git_sha": sha, "prune_run_id": record.get("mlflow_run_id")}
         if name != "dense":
             saved = load_masks(root / "masks" / f"{name}.pt", model)
-            nonzero = {
-                n: int((model.get_parameter(n).detach()[~m] != 0).sum()) for n, m in saved.masks.items()
-            }
-            bad = {n: c for n, c in nonzero.items() if c}
+            bad = {n: c for n, c in pruned_nonzero(model, saved.masks).items() if c}
             if bad:
                 raise SystemExit(
                     f"error: models/{name}.pt is not the pruned model of masks/{name}.pt: "

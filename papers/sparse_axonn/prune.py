@@ -39,7 +39,14 @@ from torch import Tensor, nn
 from common.comm import CommStats
 from common.distributed import seed_everything
 from common.fileio import atomic_write, atomic_write_json, atomic_write_text
-from common.pruning import apply_masks, magnitude_masks, masks_sparsity, prunable_parameters, save_masks
+from common.pruning import (
+    apply_masks,
+    magnitude_masks,
+    masks_sparsity,
+    prunable_parameters,
+    pruned_nonzero,
+    save_masks,
+)
 from common.tracking import Tracker, git_sha
 from common.verdict import plateau
 
@@ -186,7 +193,7 @@ def run(config: ScaleConfig, out: Path, tracker: Tracker | None = None) -> dict[
         apply_masks(model, masks)
         curve = train(model, config, train_data, prune.rewind_step, masks, label=name)
         after = evaluate(model, val_data)
-        zeros_kept = all(bool((model.get_parameter(n)[~m] == 0).all()) for n, m in masks.items())
+        zeros_kept = not any(pruned_nonzero(model, masks).values())
         assert zeros_kept, f"{name}: a pruned weight is nonzero after retraining"
         retrained[name] = _snapshot(model)
         atomic_write(out / "models" / f"{name}.pt", lambda tmp: torch.save(retrained[name], tmp))

@@ -49,6 +49,7 @@ from common.fileio import atomic_write_json, atomic_write_text
 from common.paths import REPO_ROOT
 from common.pipeline import GPT2Stage, PipelineTrainer, ProcessGrid, flat_all_reduce_grads
 from common.pruning import apply_masks, load_masks
+from common.pruning import pruned_nonzero as count_pruned_nonzero
 from common.sparse_compute import SparseLinear, to_sparse_compute
 from common.tracking import Tracker, git_sha
 
@@ -335,7 +336,7 @@ def _finish(
     )
     # Pruned weights of the dense layers (all of them for sparse AxoNN; the embeddings for the
     # Sputnik-like model, whose CSR layers have no pruned entries at all).
-    pruned_nonzero = sum(int((params[n].detach()[~m] != 0).sum()) for n, m in masks.items() if n in params)
+    pruned_nonzero = sum(count_pruned_nonzero(model, masks).values())
     val = evaluate(model, data["val"])
     replica0 = [r for r in ranks if r["replica"] == 0]
     num_params = sum(r["num_params"] for r in replica0)

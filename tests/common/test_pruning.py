@@ -16,6 +16,7 @@ from common.pruning import (
     magnitude_masks,
     masks_sparsity,
     prunable_parameters,
+    pruned_nonzero,
     save_masks,
 )
 from tests.helpers.models import tiny_gpt2
@@ -251,3 +252,15 @@ def test_masks_round_trip_through_a_file_with_metadata(tmp_path):
     torch.save({"0.weight": masks["0.weight"]}, tmp_path / "bare.pt")
     with pytest.raises(ValueError, match=r"is not a mask file of format 'thinwire.pruning_masks/1'"):
         load_masks(tmp_path / "bare.pt")
+
+
+def test_pruned_nonzero_counts_pruned_entries_that_are_not_zero_and_skips_other_stages():
+    model = torch.nn.Linear(4, 3)
+    masks = {
+        "weight": model.weight.detach().abs() > 0.2,
+        "other_stage.weight": torch.ones(2, dtype=torch.bool),
+    }
+    expected = int((model.weight.detach()[~masks["weight"]] != 0).sum())
+    assert expected > 0 and pruned_nonzero(model, masks) == {"weight": expected}
+    apply_masks(model, {"weight": masks["weight"]})
+    assert pruned_nonzero(model, masks) == {"weight": 0}
