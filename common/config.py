@@ -70,6 +70,10 @@ class RunConfig:
     batch_size: int = 64  # per rank
     epochs: int = 1
     max_steps: int | None = None  # stop early (smoke scale); None = all epochs
+    # Time-to-target runs (the leaderboard): stop after the first evaluation at or past the target,
+    # {"test_accuracy": 0.99} (>=) or {"test_loss": 1.6} (<=). Unlike max_steps, the lr schedule
+    # still spans every step, so up to the stop the run is the full run's trajectory.
+    stop_at: dict[str, float] = field(default_factory=dict)
     train_limit: int | None = None  # first N training examples only (smoke/cpu scale)
     eval_limit: int | None = None
     seq_len: int = 64  # language-model datasets
@@ -243,6 +247,7 @@ class RunConfig:
             raise ValueError(
                 f"strategy {self.strategy!r} takes no strategy_options, got {self.strategy_options!r}"
             )
+        check_stop_at(self.stop_at)
         from .comm.sync import TRANSPORTS
 
         if self.transport not in TRANSPORTS:
@@ -267,6 +272,29 @@ class RunConfig:
         }
         values = {k: v for k, v in self.to_dict().items() if k not in ignore}
         return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+STOP_METRICS = {"test_accuracy": "at or above", "test_loss": "at or below"}
+
+
+def check_stop_at(stop_at: Mapping[str, Any]) -> None:
+    """``stop_at`` is {} or one evaluation metric with a finite target (see RunConfig.stop_at)."""
+    if not stop_at:
+        return
+    allowed = ", ".join(f"{{{name}: X}} (stop {how} X)" for name, how in STOP_METRICS.items())
+    if len(stop_at) != 1 or next(iter(stop_at)) not in STOP_METRICS:
+        raise ValueError(f"stop_at must be one of {allowed}, or {{}}; got {dict(stop_at)!r}")
+    ((name, value),) = stop_at.items()
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"stop_at {name} must be a finite number, got {value!r}")
+
+
+def stop_reached(stop_at: Mapping[str, float], result: Mapping[str, float]) -> bool:
+    """Whether an evaluation ``result`` reaches the run's ``stop_at`` target (never for {})."""
+    if not stop_at:
+        return False
+    ((name, target),) = stop_at.items()
+    return result[name] >= target if name == "test_accuracy" else result[name] <= target
 
 
 def _describe(kind: Any) -> str:

@@ -41,7 +41,7 @@ from .checkpoint import Checkpointer
 from .comm.collectives import get_world_size
 from .comm.sync import GradientSync
 from .compressors import build_compressor
-from .config import RunConfig
+from .config import RunConfig, stop_reached
 from .data import Dataset, epoch_batches, load_dataset
 from .data.augment import augment_batch, augment_generator
 from .distributed import DistContext, barrier, init_from_env, is_collective_timeout, seed_everything
@@ -74,6 +74,7 @@ class StepInfo:
     rank: int
     loss: float  # this rank's loss at this step
     logged: dict[str, float] = field(default_factory=dict)  # mean-over-ranks values, on log steps
+    last: bool = False  # the run's last step (total_steps, or where stop_at was reached)
 
 
 Callback = Callable[[StepInfo], None]
@@ -396,6 +397,7 @@ def train(
 
     # -- steps ---------------------------------------------------------------------------------------
     model.train()
+    stopped = False  # stop_at reached (a time-to-target run ends at that evaluation)
     batches: list[Tensor] = []
     batches_epoch = -1
     try:
@@ -470,11 +472,21 @@ def train(
                 eval_rows.append({"step": step, "epoch": epoch, "wall_seconds": elapsed, **result})
                 tracker.log_metrics(result, step)
                 logged.update(result)
+                stopped = stop_reached(config.stop_at, result)  # the same result on every rank
             info = StepInfo(
-                step=step, total_steps=total_steps, epoch=epoch, rank=ctx.rank, loss=loss_value, logged=logged
+                step=step,
+                total_steps=total_steps,
+                epoch=epoch,
+                rank=ctx.rank,
+                loss=loss_value,
+                logged=logged,
+                last=step == total_steps or stopped,
             )
             for callback in callbacks:
                 callback(info)
+            if stopped:
+                log.info("step %d: %s reached stop_at %s; stopping", step, result, config.stop_at)
+                break
             if step % config.checkpoint_every == 0 and step < total_steps:
                 checkpoint()
         checkpoint(complete=True)
@@ -521,6 +533,8 @@ def train(
         "sync_compute_seconds": sync_compute,
         **strategy.metrics(),
     }
+    if config.stop_at:  # 1: ended at its target (the steps ran are fewer than total_steps)
+        metrics["stopped_at_target"] = float(stopped)
     if ctx.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out_dir / "train_curve.csv", _csv(train_rows))

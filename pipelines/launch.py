@@ -45,8 +45,10 @@ from pipelines.train import (
     RUN_NAME_ENV,
     SEED_ENV,
     SEEDS_ENV,
+    STOP_AT_ENV,
     parse_runs,
     parse_seeds,
+    parse_stop_at,
     plan_repeats,
 )
 
@@ -92,6 +94,13 @@ def main(argv: list[str] | None = None) -> None:
         help="where network emulation is unavailable (not root, no iproute2), run unshaped instead of failing",
     )
     parser.add_argument("--out", default=None, help="results folder (default: results/<pipeline>/<run>)")
+    parser.add_argument(
+        "--stop-at",
+        default=None,
+        metavar="METRIC=VALUE",
+        help="end every run at its first evaluation reaching this target (test_accuracy=0.99: at or "
+        "above, test_loss=1.6: at or below); the lr schedule still spans the whole run (time to target)",
+    )
     parser.add_argument("--run-name", default=None, help="MLflow run name (default: the run)")
     seeds = parser.add_mutually_exclusive_group()
     seeds.add_argument("--seed", type=int, default=None, help="override the run's seed (repeats of one run)")
@@ -112,6 +121,9 @@ def main(argv: list[str] | None = None) -> None:
         except ValueError as error:
             raise SystemExit(f"error: {error}") from None
     try:
+        if args.stop_at is not None:
+            parse_stop_at(args.stop_at)  # checked here, once; the ranks read it from the environment
+            os.environ[STOP_AT_ENV] = args.stop_at
         if args.run_name and len(parse_runs(args.run)) > 1:
             raise ValueError(
                 f"--run-name names one run; {args.run!r} are several (each is named after itself)"
@@ -162,6 +174,7 @@ def refuse_overwriting_committed_results(args: argparse.Namespace) -> None:
         f"--seed {args.seed}" if args.seed is not None else "",
         f"--seeds {args.seeds}" if args.seeds is not None else "",
         f"--net-bandwidth {args.net_bandwidth}" if args.net_bandwidth is not None else "",
+        f"--stop-at {args.stop_at}" if args.stop_at is not None else "",
     ]
     changed = [c for c in changed if c]
     if changed:

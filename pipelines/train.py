@@ -17,7 +17,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from common.config import RunConfig
+from common.config import RunConfig, check_stop_at
 from common.distributed import init_from_env, shutdown
 from common.train import StepInfo, train
 from pipelines.common import (
@@ -33,6 +33,7 @@ OUT_DIR_ENV = "THINWIRE_OUT_DIR"
 RUN_NAME_ENV = "THINWIRE_RUN_NAME"
 SEED_ENV = "THINWIRE_SEED"  # overrides the run's seed (repeated runs of one configuration)
 SEEDS_ENV = "THINWIRE_SEEDS"  # several seeds, one after the other: <out>/<run>/seed<k>, <run>-seed<k>
+STOP_AT_ENV = "THINWIRE_STOP_AT"  # "test_accuracy=0.99": every run of the launch ends at that target
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -46,11 +47,29 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
+def parse_stop_at(text: str) -> dict[str, float]:
+    """``"test_accuracy=0.99"`` -> ``{"test_accuracy": 0.99}`` (checked as RunConfig.stop_at)."""
+    name, sep, value = text.partition("=")
+    try:
+        stop_at = {name.strip(): float(value)} if sep else {}
+    except ValueError:
+        stop_at = {}
+    if not stop_at:
+        raise ValueError(
+            f"--stop-at {text!r}: expected METRIC=VALUE, e.g. test_accuracy=0.99 or test_loss=1.6"
+        )
+    check_stop_at(stop_at)
+    return stop_at
+
+
 def resolve_config(pipeline: str, run: str, scale: str | None) -> RunConfig:
-    """The run's config with the launcher's overrides (seed) applied."""
+    """The run's config with the launcher's overrides (seed, stop_at) applied."""
     config = run_config(pipeline, run, scale)
     seed = os.environ.get(SEED_ENV)
-    return dataclasses.replace(config, seed=int(seed)) if seed else config
+    stop_at = os.environ.get(STOP_AT_ENV)
+    if seed:
+        config = dataclasses.replace(config, seed=int(seed))
+    return dataclasses.replace(config, stop_at=parse_stop_at(stop_at)) if stop_at else config
 
 
 def parse_runs(text: str) -> list[str]:
@@ -117,7 +136,7 @@ def progress_bar() -> Callable[[StepInfo], None]:
         bar.update(1)
         if "train_loss" in info.logged:
             bar.set_postfix(loss=f"{info.logged['train_loss']:.4f}", refresh=False)
-        if info.step == info.total_steps:
+        if info.last:
             bar.close()
 
     return update

@@ -13,7 +13,9 @@ reaching it.
   the suite's recipe) trained again at every rate of ``stage.bandwidths``, one network namespace per
   rank behind tc-shaped links (``pipelines.launch --net-bandwidth``), into
   ``results/leaderboard/measured/<rate>/``. Same seed and code as the suite's run, so the same
-  trajectory; only the clock differs.
+  trajectory; only the clock differs. Each ends at its first evaluation past the target (the
+  launcher's ``--stop-at``: the lr schedule still spans the whole run), so its measured step time
+  is the mean over the steps to target, and a method that never reaches it runs whole.
 - **Modelled** on every task: ``steps to target x (per-step compute + comm(ops, W, rate))``, from
   the suite run's own measurements (the slowest rank's non-communication seconds per step,
   compression included; the bytes each collective carried per step) through the cost model
@@ -113,14 +115,23 @@ def settings(suite_runs: list[str], overrides: dict[str, Any] | None = None) -> 
 # -- running -----------------------------------------------------------------------------------------
 
 
-def launch_shaped(runs: list[str], rate: str, out: Path, scale: str | None) -> None:
-    """The suite's ``runs`` (seed 0) in one launch over links shaped to ``rate``, into ``out``."""
+def stop_at(task: str, target: float) -> str:
+    """The launcher's ``--stop-at`` for a task's target: a measured run ends where it reaches it."""
+    if suite_tasks()[task]["metric"] == "accuracy":
+        return f"test_accuracy={target / 100!r}"
+    return f"test_loss={target!r}"
+
+
+def launch_shaped(runs: list[str], rate: str, out: Path, scale: str | None, stop: str) -> None:
+    """The suite's ``runs`` (seed 0) in one launch over links shaped to ``rate``, into ``out``, each
+    ending at its first evaluation past the target (``stop``, the launcher's ``--stop-at``): time to
+    target needs no step beyond it, and a run that never reaches it runs whole."""
     # Always a fresh measurement: a complete checkpoint from an earlier code version is never resumed,
     # but a partial one would be; the folder is this stage's own output.
     for run in runs:
         shutil.rmtree(out / run / "seed0" / "ckpt", ignore_errors=True)
     command = [sys.executable, "-m", "pipelines.launch", "suite", ",".join(runs), "--seeds", "0"]
-    command += ["--net-bandwidth", rate, "--out", str(out)]  # into <out>/<run>/seed0
+    command += ["--net-bandwidth", rate, "--out", str(out), "--stop-at", stop]  # into <out>/<run>/seed0
     command += ["--scale", scale] if scale else []
     log.info("%s at %s", ",".join(runs), rate)
     process = subprocess.Popen(command)
@@ -472,13 +483,17 @@ def main(argv: list[str] | None = None) -> None:
     except (ValueError, netem.NetemError) as error:
         raise SystemExit(f"error: {error}") from None
     if not args.report_only:
+        goal = targets(suite, cfg)
         with netem.terminate_as_exception():
             measured = [f"{cfg.measured_task}_{m}" for m in cfg.methods]
             for rate in cfg.bandwidths:
-                launch_shaped(measured, rate, out / "measured" / rate, args.scale)
-            for rate in sorted({rate for _, rate in cfg.spot_checks}):
-                runs = [run for run, r in cfg.spot_checks if r == rate]
-                launch_shaped(runs, rate, out / "spot" / rate, args.scale)
+                stop = stop_at(cfg.measured_task, goal[cfg.measured_task])
+                launch_shaped(measured, rate, out / "measured" / rate, args.scale, stop)
+            launches: dict[tuple[str, str], list[str]] = {}  # one per rate and task (its target)
+            for run, rate in cfg.spot_checks:
+                launches.setdefault((rate, run.split("_", 1)[0]), []).append(run)
+            for (rate, task), runs in sorted(launches.items()):
+                launch_shaped(runs, rate, out / "spot" / rate, args.scale, stop_at(task, goal[task]))
     params = costmodel.LinkParams(**json.loads(FIT.read_text())["params"]) if FIT.exists() else None
     result = collect(cfg, suite, params, out)
     shas = sorted({r["info"]["git_sha"] for seeds in suite.values() for r in seeds.values()})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -42,7 +43,7 @@ class Stop(Exception):
     pass
 
 
-def _train_ranks(rank: int, world: int, out: str, stop_at: int | None) -> dict:
+def _train_ranks(rank: int, world: int, out: str, stop_at: int | None, overrides: dict | None = None) -> dict:
     ctx = DistContext(
         rank=rank, world_size=world, local_rank=rank, backend="gloo", device=torch.device("cpu")
     )
@@ -52,7 +53,7 @@ def _train_ranks(rank: int, world: int, out: str, stop_at: int | None) -> dict:
             raise Stop(f"stopped at {info.step}")
 
     try:
-        metrics = train(RunConfig.from_dict(CONFIG), out, callbacks=[stop], ctx=ctx)
+        metrics = train(RunConfig.from_dict({**CONFIG, **(overrides or {})}), out, callbacks=[stop], ctx=ctx)
     except Stop:
         return {"stopped": True}
     return {"metrics": metrics}
@@ -107,6 +108,59 @@ def test_failed_run_keeps_earlier_outputs_then_resumes_bit_exact(reference, tmp_
     assert _deterministic_columns(rerun / "train_curve.csv") == _deterministic_columns(
         out / "train_curve.csv"
     )
+
+
+def test_stop_at_ends_at_the_first_evaluation_reaching_the_target_on_the_full_runs_trajectory(
+    reference, tmp_path
+):
+    """A time-to-target run (the leaderboard's) is the full run up to its target: the same losses
+    and evaluations step by step (the lr schedule still spans every step), then it ends."""
+    out, _ = reference
+    evals = _read_csv(out / "eval_curve.csv")
+    assert len(evals) == 4  # steps 12, 24, 36, 48
+    target = float(evals[1]["test_loss"]) + 1e-9  # reached at the 2nd evaluation at the latest
+    first = next(i for i, row in enumerate(evals) if float(row["test_loss"]) <= target)
+    assert first < len(evals) - 1  # the stop comes before the last step
+    stopped = tmp_path / "stopped"
+    results = run_ranks(
+        _train_ranks, 2, str(stopped), None, {"stop_at": {"test_loss": target}}, tmp_path=tmp_path
+    )
+    metrics = results[0]["metrics"]
+    assert metrics["steps"] == float(evals[first]["step"]) and metrics["stopped_at_target"] == 1.0
+    assert results[1]["metrics"]["steps"] == metrics["steps"]  # every rank stopped there
+    columns = ("step", "test_loss", "test_accuracy")
+    assert [[r[c] for c in columns] for r in _read_csv(stopped / "eval_curve.csv")] == [
+        [r[c] for c in columns] for r in evals[: first + 1]
+    ]
+    reference_rows = _deterministic_columns(out / "train_curve.csv")
+    rows = _deterministic_columns(stopped / "train_curve.csv")
+    assert rows == reference_rows[: len(rows)] and int(rows[-1][0]) == int(metrics["steps"])
+    assert not (stopped / "model.pt").exists()  # not the recipe's trained model
+    # a target never reached: the whole run
+    never = run_ranks(_train_ranks, 2, str(tmp_path / "never"), None, {"stop_at": {"test_accuracy": 1.01}},
+                      tmp_path=tmp_path)  # fmt: skip
+    assert never[0]["metrics"]["steps"] == 48 and never[0]["metrics"]["stopped_at_target"] == 0.0
+
+
+@pytest.mark.parametrize(
+    "stop_at, message",
+    [
+        ({"test_perplexity": 5.0}, "stop_at must be one of {test_accuracy: X} (stop at or above X)"),
+        ({"test_accuracy": 0.9, "test_loss": 1.0}, "stop_at must be one of"),
+        ({"test_loss": "low"}, "stop_at test_loss must be a finite number, got 'low'"),
+        ({"test_loss": float("nan")}, "stop_at test_loss must be a finite number"),
+    ],
+)
+def test_a_bad_stop_at_names_what_is_allowed(stop_at, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        RunConfig.from_dict({**CONFIG, "stop_at": stop_at})
+
+
+def _read_csv(path: Path) -> list[dict[str, str]]:
+    import csv
+
+    with path.open() as f:
+        return list(csv.DictReader(f))
 
 
 def test_a_hung_then_a_killed_rank_both_restart_and_resume_bit_exact(reference, tmp_path):

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
-from pipelines.train import OUT_DIR_ENV, RUN_NAME_ENV, SEEDS_ENV, plan_repeats
+from pipelines.launch import main as launch
+from pipelines.train import OUT_DIR_ENV, RUN_NAME_ENV, SEEDS_ENV, STOP_AT_ENV, parse_stop_at, plan_repeats
 
 
 @pytest.fixture
 def env(monkeypatch, tmp_path):
-    for name in (OUT_DIR_ENV, RUN_NAME_ENV, SEEDS_ENV):
+    for name in (OUT_DIR_ENV, RUN_NAME_ENV, SEEDS_ENV, STOP_AT_ENV):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv(OUT_DIR_ENV, str(tmp_path))
     return monkeypatch, tmp_path
@@ -43,3 +46,29 @@ def test_one_run_without_seeds_writes_into_out_itself(env):
         str(out / "cifar_dgc"),
         str(out / "cifar_def"),
     ]
+
+
+def test_stop_at_reaches_every_repeat_and_bad_ones_fail_in_the_launcher(env, capsys):
+    monkeypatch, _ = env
+    monkeypatch.setenv(SEEDS_ENV, "0,1")
+    monkeypatch.setenv(STOP_AT_ENV, "test_accuracy=0.985")
+    assert {
+        c.stop_at["test_accuracy"] for _, c, _, _ in plan_repeats("suite", "mnist_fp32,mnist_dgc", "smoke")
+    } == {0.985}
+    assert parse_stop_at("test_loss=1.6") == {"test_loss": 1.6}
+    for bad, message in (
+        ("accuracy=0.9", "stop_at must be one of {test_accuracy: X}"),
+        ("test_loss", "--stop-at 'test_loss': expected METRIC=VALUE"),
+        ("test_loss=low", "--stop-at 'test_loss=low': expected METRIC=VALUE"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            parse_stop_at(bad)
+    with pytest.raises(SystemExit, match=re.escape("error: --stop-at 'test_loss=x': expected METRIC=VALUE")):
+        launch(["suite", "mnist_fp32", "--stop-at", "test_loss=x", "--out", "/nonexistent/never-written"])
+    # a hand run that stops early writes only where it is told
+    monkeypatch.delenv(OUT_DIR_ENV)
+    monkeypatch.delenv(SEEDS_ENV)
+    with pytest.raises(
+        SystemExit, match=re.escape("--stop-at test_accuracy=0.9 without --out would write over")
+    ):
+        launch(["suite", "mnist_fp32", "--stop-at", "test_accuracy=0.9"])
