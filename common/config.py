@@ -247,6 +247,12 @@ class RunConfig:
             raise ValueError(
                 f"strategy {self.strategy!r} takes no strategy_options, got {self.strategy_options!r}"
             )
+        for name, neutral, why in IGNORED_SETTINGS.get(self.strategy, ()):
+            if getattr(self, name) != neutral:
+                raise ValueError(
+                    f"strategy {self.strategy} ignores {name} (got {getattr(self, name)!r}): {why}; "
+                    f"remove it or set {name}: {_yaml(neutral)}"
+                )
         check_stop_at(self.stop_at)
         from .comm.sync import TRANSPORTS
 
@@ -272,6 +278,31 @@ class RunConfig:
         }
         values = {k: v for k, v in self.to_dict().items() if k not in ignore}
         return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+# Settings a strategy does not read, with the value that says so (the default) and why: anything
+# else would be silently ignored, so it is an error naming the setting.
+_WHOLE_GRADIENT = "it selects from the whole flattened gradient and sends counts, indices and values"
+_GOSSIP = "it exchanges whole models with its neighbours, point to point"
+IGNORED_SETTINGS: dict[str, tuple[tuple[str, Any, str], ...]] = {
+    "dgc": (("transport", "auto", "DGC all-gathers its sparse payloads"),),
+    "def": (("transport", "auto", "DEF all-reduces its shared-index blocks"),),
+    "sparse": (
+        ("transport", "auto", _WHOLE_GRADIENT),
+        ("bucket_numel", None, _WHOLE_GRADIENT),
+        ("compress_per_tensor", False, _WHOLE_GRADIENT),
+    ),
+    "gossip": (
+        ("transport", "auto", _GOSSIP),
+        ("bucket_numel", None, _GOSSIP),
+        ("compress_per_tensor", False, _GOSSIP),
+    ),
+}
+
+
+def _yaml(value: Any) -> str:
+    """How params.yaml spells ``value`` (null, false, auto)."""
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
 STOP_METRICS = {"test_accuracy": "at or above", "test_loss": "at or below"}

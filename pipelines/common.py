@@ -15,6 +15,9 @@ from common.paths import REPO_ROOT
 
 PIPELINES_DIR = REPO_ROOT / "pipelines"
 RESULTS_DIR = REPO_ROOT / "results"
+# Where a run launched by hand without --out goes (git-ignored): only DVC stages, which name their
+# output folder with --out, write under results/.
+SCRATCH_DIR = REPO_ROOT / "scratch"
 
 # Nothing is sent anywhere: DVC analytics and MLflow telemetry off in every entry point.
 QUIET_ENV = {
@@ -128,4 +131,10 @@ def pipeline_name(pipeline: str) -> str:
 
 
 def run_dir(pipeline: str, run: str) -> Path:
+    """A stage's committed results of ``run`` (what its report reads)."""
     return RESULTS_DIR / pipeline_name(pipeline) / run
+
+
+def scratch_dir(pipeline: str, run: str) -> Path:
+    """Where a hand run of ``run`` writes without ``--out`` (git-ignored)."""
+    return SCRATCH_DIR / pipeline_name(pipeline) / run

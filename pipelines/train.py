@@ -2,7 +2,7 @@
 
     torchrun --standalone --nproc_per_node 4 -m pipelines.train baseline fp32
 
-Writes ``results/<pipeline>/<run>/`` (metrics.json, curves, plot.png, run.json, ckpt/) and logs
+Writes ``scratch/<pipeline>/<run>/`` (metrics.json, curves, plot.png, run.json, ckpt/) and logs
 to MLflow (experiment = pipeline, run name = run). The launcher may redirect both through the
 environment (``THINWIRE_OUT_DIR``, ``THINWIRE_RUN_NAME``): torchrun would mistake options after
 the module name for its own.
@@ -25,7 +25,7 @@ from pipelines.common import (
     pipeline_name,
     quiet_environment,
     run_config,
-    run_dir,
+    scratch_dir,
     setup_logging,
 )
 
@@ -83,9 +83,10 @@ def parse_runs(text: str) -> list[str]:
 def plan_repeats(pipeline: str, run: str, scale: str | None) -> list[tuple[str, RunConfig, str, str]]:
     """(run, config, out dir, MLflow run name) of every training run one launch does, in order.
 
-    One run without seeds: into ``$THINWIRE_OUT_DIR`` (default ``results/<pipeline>/<run>``), named
+    One run without seeds: into ``$THINWIRE_OUT_DIR`` (default ``scratch/<pipeline>/<run>``,
+    git-ignored: only DVC stages, which pass ``--out``, write under ``results/``), named
     ``$THINWIRE_RUN_NAME`` (default the run). Several runs (``a,b``), or any run with
-    ``$THINWIRE_SEEDS``: each into ``<out>/<run>`` (default ``results/<pipeline>/<run>``), named
+    ``$THINWIRE_SEEDS``: each into ``<out>/<run>`` (default ``scratch/<pipeline>/<run>``), named
     after the run (one run: ``$THINWIRE_RUN_NAME`` if set); with seeds each of those gets
     ``/seed<k>`` and ``-seed<k>``. So a launch of one run and of several lay out the same
     ``<out>/<run>/seed<k>`` that the evaluate stage reads. All runs of a launch share its ranks: they
@@ -104,11 +105,16 @@ def plan_repeats(pipeline: str, run: str, scale: str | None) -> list[tuple[str, 
     if len(runs) == 1 and not seeds:
         (only,) = runs
         return [
-            (only, configs[only], out or str(run_dir(pipeline, only)), os.environ.get(RUN_NAME_ENV) or only)
+            (
+                only,
+                configs[only],
+                out or str(scratch_dir(pipeline, only)),
+                os.environ.get(RUN_NAME_ENV) or only,
+            )
         ]
     given = os.environ.get(RUN_NAME_ENV) if len(runs) == 1 else None
     targets = [
-        (r, config, os.path.join(out, r) if out else str(run_dir(pipeline, r)), given or r)
+        (r, config, os.path.join(out, r) if out else str(scratch_dir(pipeline, r)), given or r)
         for r, config in configs.items()
     ]
     if not seeds:

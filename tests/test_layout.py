@@ -57,3 +57,17 @@ def test_every_stage_that_trains_depends_on_the_library_and_its_kernels():
             if "common" not in deps or not any(d == "kernels" or d.startswith("kernels/") for d in deps):
                 offenders.append(f"{path.relative_to(REPO_ROOT)}:{name}")
     assert offenders == []
+
+
+def test_every_stage_that_launches_runs_names_its_results_folder():
+    """pipelines.launch without --out writes to the git-ignored scratch/ (hand runs): a stage must
+    say where under results/ its runs go."""
+    import yaml
+
+    offenders = []
+    for path in [REPO_ROOT / "dvc.yaml", *sorted((REPO_ROOT / "pipelines").glob("*/dvc.yaml"))]:
+        for name, stage in yaml.safe_load(path.read_text())["stages"].items():
+            cmd = stage.get("do", stage)["cmd"]
+            if "pipelines.launch" in cmd and "--out results/" not in cmd:
+                offenders.append(f"{path.relative_to(REPO_ROOT)}:{name}")
+    assert offenders == []

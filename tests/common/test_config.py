@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
-from common.config import RunConfig, compose
+from common.config import IGNORED_SETTINGS, RunConfig, compose
 from common.paths import REPO_ROOT
 
 
@@ -112,21 +113,6 @@ def test_launcher_refuses_before_starting_any_worker(tmp_path):
     )
 
 
-def test_a_hand_run_at_another_scale_needs_a_scratch_folder():
-    committed = REPO_ROOT / "results" / "baseline" / "fp16" / "metrics.json"
-    before = committed.read_bytes() if committed.exists() else None
-    result = _launch("baseline", "fp16", "--scale", "smoke")
-    assert result.returncode != 0
-    assert (
-        "--scale smoke without --out would write over the committed results of baseline/fp16 (scale "
-        "'cpu'): pass --out DIR" in result.stderr
-    )
-    assert "torchrun" not in result.stderr.lower()
-    assert (committed.read_bytes() if committed.exists() else None) == before
-    result = _launch("baseline", "fp16", "--seeds", "0,1")
-    assert result.returncode != 0 and "--seeds 0,1 without --out" in result.stderr
-
-
 def test_launcher_names_the_data_folder_it_looked_in(tmp_path):
     result = _launch("baseline", "fp32", THINWIRE_DATA=str(tmp_path), THINWIRE_CACHE=str(tmp_path / "cache"))
     assert result.returncode != 0
@@ -215,3 +201,31 @@ def test_a_wrong_type_names_the_run_and_the_params_file(monkeypatch):
         match=r"^pipelines/baseline/params.yaml, run 'fp32': momentum must be a number in \[0, 1\)",
     ):
         pipelines.common.run_config("baseline", "fp32")
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"strategy": "dgc", "compressor": "dgc", "transport": "allreduce"},
+         "strategy dgc ignores transport (got 'allreduce'): DGC all-gathers its sparse payloads; remove it or set "
+         "transport: auto"),
+        ({"strategy": "def", "compressor": "random_block", "compressor_options": {"density": 0.1}, "transport": "allgather"}, "strategy def ignores transport"),
+        ({"strategy": "sparse", "bucket_numel": 4096},
+         "strategy sparse ignores bucket_numel (got 4096): it selects from the whole flattened gradient"),
+        ({"strategy": "sparse", "compress_per_tensor": True}, "set compress_per_tensor: false"),
+        ({"strategy": "gossip", "world_size": 8, "strategy_options": {"graph": "paper", "budget": 0.3},
+          "bucket_numel": 100}, "strategy gossip ignores bucket_numel (got 100): it exchanges whole models"),
+    ],
+)  # fmt: skip
+def test_a_setting_the_strategy_ignores_is_an_error_naming_it(values, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        RunConfig.from_dict(values)
+
+
+def test_the_settings_a_strategy_ignores_pass_at_their_neutral_value():
+    for strategy, settings in IGNORED_SETTINGS.items():
+        neutral = {name: value for name, value, _ in settings}
+        assert neutral == {name: getattr(RunConfig(), name) for name in neutral}, strategy  # the defaults
+    RunConfig.from_dict(
+        {"strategy": "sparse", "bucket_numel": None, "compress_per_tensor": False, "transport": "auto"}
+    )

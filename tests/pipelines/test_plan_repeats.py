@@ -6,6 +6,7 @@ import re
 
 import pytest
 
+from pipelines.common import SCRATCH_DIR
 from pipelines.launch import main as launch
 from pipelines.train import OUT_DIR_ENV, RUN_NAME_ENV, SEEDS_ENV, STOP_AT_ENV, parse_stop_at, plan_repeats
 
@@ -65,10 +66,16 @@ def test_stop_at_reaches_every_repeat_and_bad_ones_fail_in_the_launcher(env, cap
             parse_stop_at(bad)
     with pytest.raises(SystemExit, match=re.escape("error: --stop-at 'test_loss=x': expected METRIC=VALUE")):
         launch(["suite", "mnist_fp32", "--stop-at", "test_loss=x", "--out", "/nonexistent/never-written"])
-    # a hand run that stops early writes only where it is told
+
+
+def test_a_hand_run_without_out_goes_to_scratch_never_to_results(env):
+    """Only DVC stages (which pass --out) write under results/: a hand run at smoke scale once
+    replaced a committed 98 % result by a 30 % one."""
+    monkeypatch, _ = env
     monkeypatch.delenv(OUT_DIR_ENV)
-    monkeypatch.delenv(SEEDS_ENV)
-    with pytest.raises(
-        SystemExit, match=re.escape("--stop-at test_accuracy=0.9 without --out would write over")
-    ):
-        launch(["suite", "mnist_fp32", "--stop-at", "test_accuracy=0.9"])
+    assert _layout("cifar_dgc") == [("cifar_dgc", 0, str(SCRATCH_DIR / "suite" / "cifar_dgc"), "cifar_dgc")]
+    monkeypatch.setenv(SEEDS_ENV, "1")
+    assert [o for _, _, o, _ in _layout("cifar_dgc,cifar_def")] == [
+        str(SCRATCH_DIR / "suite" / "cifar_dgc" / "seed1"),
+        str(SCRATCH_DIR / "suite" / "cifar_def" / "seed1"),
+    ]
