@@ -329,7 +329,7 @@ def make_variant(name: str, base: nn.Module, args: argparse.Namespace) -> Varian
         )
         sync = None
         if name == "ddp_hook":
-            sync = install_ddp_hook(ddp, identity, error_feedback=False)
+            sync = install_ddp_hook(ddp, identity, error_feedback=False, compress_per_tensor=False)
         elif name == "ddp_hook_async":
             sync = GradientSync(identity)
             sync.name_parameters(model)

@@ -8,6 +8,9 @@ Example (gloo or NCCL; ``model`` already wrapped in ``DistributedDataParallel``)
     sync = install_ddp_hook(model, build_compressor("topk", density=0.01), error_feedback=True)
     ...  # train as usual; sync.stats holds bits sent, calls and seconds per phase
 
+Each parameter's gradient is compressed on its own (``compress_per_tensor=True``, the thinwire
+loop's semantics), the payloads of one DDP bucket sent together.
+
 The hook and the explicit ``GradientSync.sync`` path run the same :meth:`GradientSync.reduce_flat`
 on a flat bucket, so they agree (a test checks it). Residuals are keyed by parameter name, not by
 bucket index: DDP rebuilds its buckets after the first iteration, which would otherwise scramble
@@ -50,24 +53,42 @@ def install_ddp_hook(
     model: DistributedDataParallel,
     compressor: Compressor | str,
     *,
-    error_feedback: bool = True,
+    error_feedback: bool = False,
+    compress_per_tensor: bool = True,
     **options: Any,
 ) -> GradientSync:
     """Register ``compressor`` (an instance, or a registry name built with ``options``) on ``model``.
 
-    Remaining ``options`` that are not compressor options go to :class:`GradientSync`
-    (``transport``, ``seed``, ``group``, ``stats``). Returns the :class:`GradientSync`, whose
-    ``stats`` and ``state_dict()`` (residuals, generator states) the caller may checkpoint.
+    ``compress_per_tensor`` (the default) compresses each parameter's gradient of a DDP bucket on
+    its own and sends the bucket's payloads in one collective: the thinwire loop's semantics, where
+    every method is per tensor (one random block, one TernGrad scaler, one top-k per layer).
+    ``False`` compresses each bucket as one flat tensor. ``error_feedback`` is off by default, as
+    in :class:`GradientSync` and the run configs. Remaining ``options`` that are not compressor
+    options go to :class:`GradientSync` (``transport``, ``seed``, ``group``, ``stats``). Returns
+    the :class:`GradientSync`, whose ``stats`` and ``state_dict()`` (residuals, generator states)
+    the caller may checkpoint.
     """
+    if not isinstance(model, DistributedDataParallel):
+        raise TypeError(
+            f"install_ddp_hook needs the DistributedDataParallel wrapper, got {type(model).__name__}: "
+            "wrap the model first (model = DistributedDataParallel(model)), or, without DDP, call "
+            "GradientSync(compressor).sync_gradients(model) after backward()"
+        )
     sync_keys = {"transport", "seed", "group", "stats"}
     sync_options = {k: options.pop(k) for k in list(options) if k in sync_keys}
+    if "bucket_numel" in options:
+        raise ValueError(
+            "bucket_numel is DDP's through the hook: set DistributedDataParallel(bucket_cap_mb=...) instead"
+        )
     if isinstance(compressor, str):
         compressor = build_compressor(compressor, **options)
     elif options:
         raise ValueError(
             f"options {sorted(options)} given with a compressor instance; build it with them instead"
         )
-    sync = GradientSync(compressor, error_feedback=error_feedback, **sync_options)
+    sync = GradientSync(
+        compressor, error_feedback=error_feedback, compress_per_tensor=compress_per_tensor, **sync_options
+    )
     sync.name_parameters(model.module)
     model.register_comm_hook(sync, compressed_allreduce_hook)
     return sync

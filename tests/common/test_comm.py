@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from common.comm import CommStats, GradientSync, all_gather_variable, exchange
 from common.compressors import CompressorRNG, build_compressor
@@ -211,7 +212,7 @@ def _model() -> nn.Module:
     return nn.Sequential(nn.Linear(12, 16), nn.ReLU(), nn.Linear(16, 5))
 
 
-def _ddp_vs_explicit(rank: int, world: int, name: str, options: dict) -> dict:
+def _ddp_vs_explicit(rank: int, world: int, name: str, options: dict, per_tensor: bool = True) -> dict:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from common.comm import install_ddp_hook
@@ -220,10 +221,16 @@ def _ddp_vs_explicit(rank: int, world: int, name: str, options: dict) -> dict:
     target = torch.randint(0, 5, (6, 4), generator=torch.Generator().manual_seed(50 + rank))
 
     hooked = DDP(_model())
-    hook_sync = install_ddp_hook(hooked, name, error_feedback=True, seed=3, **options)
+    hook_sync = install_ddp_hook(
+        hooked, name, error_feedback=True, compress_per_tensor=per_tensor, seed=3, **options
+    )
     explicit = _model()
     explicit_sync = GradientSync(
-        build_compressor(name, **options), error_feedback=True, seed=3, bucket_numel=10**9
+        build_compressor(name, **options),
+        error_feedback=True,
+        seed=3,
+        bucket_numel=10**9,
+        compress_per_tensor=per_tensor,
     )
     opt_h = torch.optim.SGD(hooked.parameters(), lr=0.1, momentum=0.9)
     opt_e = torch.optim.SGD(explicit.parameters(), lr=0.1, momentum=0.9)
@@ -246,17 +253,20 @@ def _ddp_vs_explicit(rank: int, world: int, name: str, options: dict) -> dict:
 
 
 @pytest.mark.parametrize(
-    "name,options",
+    "name,options,per_tensor",
     [
-        ("topk", {"density": 0.1}),  # not linear: all-gather inside the hook
+        # not linear: all-gather inside the hook; per tensor (the default: 10 % of each tensor)
+        # and per flat bucket (10 % of the whole bucket)
+        ("topk", {"density": 0.1}, True),
+        ("topk", {"density": 0.1}, False),
         # linear: the hook's all-reduce runs in the background (overlapped by DDP), then the
         # residual update happens in the future's callback. (Both compressors here give results
         # independent of the bucket's layout, which DDP changes after the first step.)
-        ("fp16", {}),
+        ("fp16", {}, True),
     ],
 )
-def test_ddp_hook_equals_explicit_path(tmp_path, name, options):
-    res = run_ranks(_ddp_vs_explicit, 2, name, options, tmp_path=tmp_path)
+def test_ddp_hook_equals_explicit_path(tmp_path, name, options, per_tensor):
+    res = run_ranks(_ddp_vs_explicit, 2, name, options, per_tensor, tmp_path=tmp_path)
     for r in res:
         for h, e in zip(r["hooked"], r["explicit"], strict=True):
             torch.testing.assert_close(h, e, rtol=1e-6, atol=1e-7)
@@ -266,3 +276,12 @@ def test_ddp_hook_equals_explicit_path(tmp_path, name, options):
     # ranks stay identical
     for a, b in zip(res[0]["hooked"], res[1]["hooked"], strict=True):
         assert torch.equal(a, b)
+
+
+def test_the_hook_needs_ddp_and_leaves_bucketing_to_it():
+    from common.comm import install_ddp_hook
+
+    with pytest.raises(TypeError, match=r"needs the DistributedDataParallel wrapper, got Sequential: wrap"):
+        install_ddp_hook(_model(), "topk", density=0.1)
+    with pytest.raises(ValueError, match=r"bucket_numel is DDP's through the hook: set .*bucket_cap_mb"):
+        install_ddp_hook(object.__new__(DistributedDataParallel), "fp16", bucket_numel=100)
