@@ -119,7 +119,10 @@ class GradientSync:
         self.group = group
         self.stats = stats if stats is not None else CommStats()
         self._rng: CompressorRNG | None = None
-        self._rng_state: dict[str, Tensor] | None = None
+        # Times each unit (a tensor, or a flat bucket: its names joined) was compressed: its
+        # generators restart from (name, count) every time (CompressorRNG.reseed), so draws are
+        # keyed by parameter, not by the order DDP's buckets arrive in, and a resume is bit-exact.
+        self._draws: dict[str, int] = {}
         self.param_names: dict[int, str] = {}
         self._fp32_checked = False
 
@@ -131,10 +134,16 @@ class GradientSync:
         """The generators, created on the gradients' device at first use."""
         if self._rng is None:
             self._rng = CompressorRNG(self.seed, get_rank(self.group), device)
-            if self._rng_state is not None:
-                self._rng.load_state_dict(self._rng_state)
-                self._rng_state = None
         return self._rng
+
+    def unit_rng(self, names: Sequence[str], device: torch.device) -> CompressorRNG:
+        """The generators for one compression of the unit ``names``, restarted from its key."""
+        key = "+".join(names)
+        count = self._draws.get(key, 0)
+        self._draws[key] = count + 1
+        rng = self.rng(device)
+        rng.reseed(f"{key}#{count}")
+        return rng
 
     def name_parameters(self, module: nn.Module) -> None:
         """Remember parameter names (for residual keys) when only tensors are seen (DDP hook)."""
@@ -292,7 +301,7 @@ class GradientSync:
         ef = self.error_feedback
         with self.stats.phase("compress", flat.device):
             compensated = ef.compensate(names, flat, sizes) if ef is not None else flat
-            payload = self.compressor.compress(compensated, self.rng(flat.device))
+            payload = self.compressor.compress(compensated, self.unit_rng(names, flat.device))
             # What this rank contributes, decoded locally; the residual is what it leaves out.
             sent = self.compressor.decompress(payload) if ef is not None else None
             if sent is not None and self.use_allreduce:
@@ -371,7 +380,6 @@ class GradientSync:
             self._check_fp32_layers(list(self.param_names.values()))
         units = self._units(names, flat, sizes)
         keep_fp32 = getattr(compressor, "keeps_fp32", lambda name, numel: False)
-        rng = self.rng(device)
         with self.stats.phase("compress", device):
             compensated = [ef.compensate(n, f, z) if ef is not None else f for n, f, z in units]
             dense = [all(keep_fp32(n, z) for n, z in zip(u[0], u[2], strict=True)) for u in units]
@@ -392,7 +400,7 @@ class GradientSync:
             shared = getattr(compressor, "shared_scaler", False)
             for j, i in enumerate(ternary):
                 payloads[i] = compressor.compress(  # type: ignore[call-arg]
-                    compensated[i], rng, scaler=scalers[j] if shared else None
+                    compensated[i], self.unit_rng(units[i][0], device), scaler=scalers[j] if shared else None
                 )
                 if ef is not None:
                     sent[i] = compressor.decompress(payloads[i])
@@ -455,10 +463,9 @@ class GradientSync:
     # -- checkpointing ----------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, object]:
-        rng = self._rng.state_dict() if self._rng is not None else self._rng_state
         return {
             "error_feedback": self.error_feedback.state_dict() if self.error_feedback is not None else None,
-            "rng": rng,
+            "draws": dict(self._draws),  # the generators restart from (unit, count): nothing else to keep
             "stats": self.stats.state_dict(),
         }
 
@@ -468,9 +475,10 @@ class GradientSync:
             raise ValueError("checkpoint and GradientSync disagree on whether error feedback is used")
         if self.error_feedback is not None:
             self.error_feedback.load_state_dict(ef_state)  # type: ignore[arg-type]
-        rng_state = state["rng"]
-        if self._rng is not None and rng_state is not None:
-            self._rng.load_state_dict(rng_state)  # type: ignore[arg-type]
-        else:
-            self._rng_state = rng_state  # type: ignore[assignment]
+        if "draws" not in state:
+            raise ValueError(
+                "this GradientSync state is from an older thinwire (one generator stream per sync, "
+                "not per tensor): it cannot be resumed bit-exactly; start the run afresh (delete its ckpt/)"
+            )
+        self._draws = dict(state["draws"])  # type: ignore[call-overload]
         self.stats.load_state_dict(state["stats"])  # type: ignore[arg-type]

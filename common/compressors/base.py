@@ -17,6 +17,7 @@ same call sequence on every rank, e.g. random-k indices that all ranks must agre
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import math
 from abc import ABC, abstractmethod
@@ -51,17 +52,25 @@ class Payload:
         return Payload(wire=wire, shape=self.shape, dtype=self.dtype, local=self.local)
 
 
+def _key_seed(text: str) -> int:
+    """A 63-bit generator seed from ``text``, the same in every process (Python's hash() is not)."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
+
+
 class CompressorRNG:
     """The two explicit generators a compressor may draw from.
 
     ``shared`` must produce the same stream on every rank: it is seeded with the same ``seed`` on
-    all ranks and every rank makes the same calls in the same order (GradientSync guarantees this
-    by compressing the same tensors in the same order). ``local`` is seeded with ``seed`` and the
-    rank, so stochastic rounding is independent across workers.
+    all ranks and every rank makes the same calls in the same order. ``local`` is seeded with
+    ``seed`` and the rank, so stochastic rounding is independent across workers. GradientSync
+    restarts both before every compression from the tensor's name and how many times it was
+    compressed (:meth:`reseed`), so draws are keyed by parameter: the same whatever order DDP's
+    buckets arrive in, and a resume needs only those counts.
     """
 
     def __init__(self, seed: int, rank: int, device: torch.device | str = "cpu") -> None:
         device = torch.device(device)
+        self.seed, self.rank = seed, rank
         self.shared = torch.Generator(device=device)
         self.shared.manual_seed(seed)
         self.local = torch.Generator(device=device)
@@ -74,6 +83,14 @@ class CompressorRNG:
         (1,))`` draws, into a reused scalar (no allocation per call: random block draws one per
         tensor, and at 10^5 entries the allocation was a measurable part of its cost)."""
         return int(self._scalar.random_(0, n, generator=self.shared))
+
+    def reseed(self, key: str) -> None:
+        """Restart both generators from ``key`` (e.g. a tensor's name and how many times it was
+        compressed): draws then depend on the key alone, not on what was drawn before, so the order
+        in which tensors are compressed (DDP's bucket layout, which it rebuilds after the first
+        step) cannot change them. ``shared`` stays equal across ranks, ``local`` differs per rank."""
+        self.shared.manual_seed(_key_seed(f"{self.seed}/shared/{key}"))
+        self.local.manual_seed(_key_seed(f"{self.seed}/rank{self.rank}/{key}"))
 
     def state_dict(self) -> dict[str, Tensor]:
         return {"shared": self.shared.get_state(), "local": self.local.get_state()}

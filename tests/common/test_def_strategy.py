@@ -82,12 +82,17 @@ def _reference(world_size: int, mu: float, feedback: bool, average_every: int | 
     comp, rng = RandomBlock(DENSITY), CompressorRNG(SEED, 0)
     comp2, rng2 = RandomBlock(DENSITY), CompressorRNG(SEED + 7_919, 0)
 
+    draws: dict[tuple[int, str], int] = {}  # GradientSync keys each tensor's draws by (name, count)
+
     def block_mean(values: list[dict], c: RandomBlock, r: CompressorRNG) -> tuple[dict, list[dict]]:
         """Per tensor one shared block: the mean of the blocks and each worker's kept part."""
         means, kept = {}, [{} for _ in values]
         for n in names:
             sent = []
             payloads = [None] * len(values)
+            count = draws.get((id(r), n), 0)
+            draws[(id(r), n)] = count + 1
+            r.reseed(f"{n}#{count}")
             payloads[0] = c.compress(values[0][n], r)  # one draw per tensor, shared by all
             for k in range(len(values)):
                 p = payloads[0].with_wire({"values": _block(values[k][n], payloads[0])})

@@ -299,6 +299,7 @@ def _dgc_ranks(rank: int, world: int) -> dict:
         means = []
         for name, g in zip(NAMES, _grads(rank, step), strict=True):
             compensated = mc.compensate([name], g, [g.numel()])
+            rng.reseed(f"{name}#{step}")  # GradientSync keys each tensor's draws by name and count
             sent = comp.decompress(comp.compress(compensated, rng))
             mc.update([name], compensated, sent, [g.numel()])
             parts = [torch.zeros_like(sent) for _ in range(world)]

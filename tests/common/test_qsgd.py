@@ -296,12 +296,13 @@ def _sync_and_reference(rank: int, world: int, group) -> dict:
         out[encoding] = [t.clone() for _, t in grads]
         out[encoding + "_stats"] = sync.stats.state_dict()
 
-        # The dense reference: each rank decompresses its own payloads (same seed, same order),
+        # The dense reference: each rank decompresses its own payloads (the same keyed draws),
         # the decompressions are all-gathered densely and averaged.
         comp = build_compressor("qsgd", **options)
         rng = CompressorRNG(3, rank)
         reference, wire_bits = [], []
-        for t in originals:
+        for (name, _), t in zip(grads, originals, strict=True):
+            rng.reseed(f"{name}#0")  # GradientSync keys each tensor's draws by name and count
             payload = comp.compress(t, rng)
             mine = comp.decompress(payload)
             parts = [torch.zeros_like(mine) for _ in range(world)]

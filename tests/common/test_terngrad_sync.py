@@ -49,7 +49,10 @@ def _scenarios(rank: int, world: int) -> dict:
     grads = _grads(rank)
     scalers = torch.stack([compressor.scaler(t) for _, t in grads])
     torch.distributed.all_reduce(scalers, op=torch.distributed.ReduceOp.MAX)
-    mine = [compressor.decompress(compressor.compress(t, rng, scaler=s)) for (_, t), s in zip(grads, scalers)]
+    mine = []
+    for (name, t), s in zip(grads, scalers):
+        rng.reseed(f"{name}#0")  # GradientSync keys each tensor's draws by its name and count
+        mine.append(compressor.decompress(compressor.compress(t, rng, scaler=s)))
     everyone = [torch.zeros_like(t) for t in mine]
     for i, t in enumerate(mine):
         parts = [torch.zeros_like(t) for _ in range(world)]
