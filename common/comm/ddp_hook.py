@@ -92,3 +92,28 @@ def install_ddp_hook(
     sync.name_parameters(model.module)
     model.register_comm_hook(sync, compressed_allreduce_hook)
     return sync
+
+
+def method_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP comm hook of a method that reduces a bucket itself (``state.reduce_bucket(names, flat,
+    sizes)``, e.g. DGC's per-tensor routes; ``state.param_names``: id -> name); counts the step at
+    the last bucket in ``state.stats``."""
+    params = bucket.parameters()
+    names = [state.param_names[id(p)] for p in params]
+    buffer = bucket.buffer()
+    mean = state.reduce_bucket(names, buffer, [p.numel() for p in params])
+    if bucket.is_last():
+        state.stats.steps += 1
+    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    future.set_result(mean.view_as(buffer))
+    return future
+
+
+def install_method_hook(model: DistributedDataParallel, method: Any) -> None:
+    """Register ``method`` (a strategy with ``reduce_bucket``) as ``model``'s comm hook."""
+    if not isinstance(model, DistributedDataParallel):
+        raise TypeError(
+            f"a method's hook needs the DistributedDataParallel wrapper, got {type(model).__name__}: "
+            "wrap the model first (model = DistributedDataParallel(model))"
+        )
+    model.register_comm_hook(method, method_hook)

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
 
 from ..comm.collectives import get_world_size
 from ..comm.stats import CommStats
@@ -181,6 +182,12 @@ class DGCDataParallel(SyncStrategy):
         sparse, dense = self._split(model)
         self.sparse.sync([(n, p.grad) for n, p in sparse if p.grad is not None], count_step=False)
         self.dense.sync([(n, p.grad) for n, p in dense if p.grad is not None])
+        self.apply_weight_decay(model)
+
+    def apply_weight_decay(self, model: nn.Module) -> None:
+        """With momentum correction: the sparsified tensors' weight decay, never communicated, with
+        its own momentum, added to their averaged gradients (the code's ``DGCSGD``)."""
+        sparse, _ = self._split(model)
         if self.options["momentum_correction"] and self.weight_decay:
             with torch.no_grad():
                 for name, p in sparse:
@@ -197,6 +204,54 @@ class DGCDataParallel(SyncStrategy):
 
     def before_eval(self, model: nn.Module) -> None:
         _broadcast_module_state(model, "buffers")
+
+    # -- in a user's own DDP loop: a comm hook and an optimizer ------------------------------------
+
+    def install(self, model: DistributedDataParallel) -> None:
+        """Register DGC's exchange as ``model``'s comm hook (per tensor of each bucket: sparsified
+        with momentum correction, or all-reduced densely) and remember the module for
+        :meth:`optimizer`. The same arithmetic and random draws as :meth:`after_backward`.
+
+            dgc = DGCDataParallel(build_compressor("dgc", density=0.001), momentum=0.9, weight_decay=5e-4)
+            dgc.install(model)                    # model = DistributedDataParallel(net)
+            optimizer = dgc.optimizer(lr=0.1)     # momentum where DGC wants it, weight decay after the exchange
+            ...  dgc.set_epoch(step / steps_per_epoch); loss.backward(); optimizer.step()
+        """
+        from ..comm.ddp_hook import install_method_hook
+
+        self._module = model.module
+        self.param_names = {id(p): n for n, p in model.module.named_parameters()}
+        self._sparse_names = {n for n, _ in self._split(model.module)[0]}
+        self.sparse.name_parameters(model.module)
+        self.dense.name_parameters(model.module)
+        install_method_hook(model, self)
+
+    def reduce_bucket(self, names: Sequence[str], flat: Tensor, sizes: Sequence[int]) -> Tensor:
+        """The mean of one DDP bucket: its sparsified tensors through the sparse sync, the rest
+        densely, each tensor on its own (the hook's work)."""
+        parts = list(flat.split(list(sizes)))
+        for route, sync in ((True, self.sparse), (False, self.dense)):
+            chosen = [i for i, n in enumerate(names) if (n in self._sparse_names) == route]
+            if not chosen:
+                continue
+            sync.sync([(names[i], parts[i]) for i in chosen], count_step=False)
+        return flat
+
+    def optimizer(self, lr: float, **kwargs: Any) -> torch.optim.Optimizer:
+        """SGD over the installed model with DGC's parameter groups (momentum and weight decay 0 on
+        the sparsified tensors under momentum correction) whose ``step`` first adds DGC's local
+        weight decay: what the thinwire loop's ``param_groups`` and ``after_backward`` do."""
+        module = self._module
+        strategy = self
+
+        class DGCSGD(torch.optim.SGD):
+            def step(self, closure: Any = None) -> Any:
+                strategy.apply_weight_decay(module)
+                return super().step(closure)
+
+        return DGCSGD(
+            self.param_groups(module), lr=lr, momentum=self.momentum, weight_decay=self.weight_decay, **kwargs
+        )
 
     def metrics(self) -> dict[str, float]:
         """The density this rank actually sent (entries sent / entries of the sparsified tensors)

@@ -1,0 +1,68 @@
+"""DGC in a user's own DDP loop (comm hook + optimizer) equals the thinwire loop's DGC step, on
+real gloo ranks: momentum correction, masking, warm-up and local weight decay included."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from common.compressors import build_compressor
+from common.strategies import DGCDataParallel
+from tests.distributed import run_ranks
+
+STEPS, LR, MOMENTUM, WD = 8, 0.1, 0.9, 1e-3
+OPTIONS = {"warmup": [0.25, 0.1], "warmup_epochs": 0.5}  # steps 0-1 at 25 %, 2-3 at 10 %, then 5 %
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(12, 32), nn.ReLU(), nn.Linear(32, 24), nn.ReLU(), nn.Linear(24, 5))
+
+
+def _batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(100 * rank + step)
+    return torch.randn(16, 12, generator=g), torch.randint(0, 5, (16,), generator=g)
+
+
+def _strategy(options: dict) -> DGCDataParallel:
+    compressor = build_compressor("dgc", density=0.05)
+    return DGCDataParallel(compressor, momentum=MOMENTUM, weight_decay=WD, options=options)
+
+
+def _both(rank: int, world: int, options: dict) -> dict:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    # the thinwire loop's calls (common/train.py): setup, param_groups, set_epoch, after_backward
+    loop_model, loop = _model(), _strategy(options)
+    loop.setup(loop_model)
+    loop_opt = torch.optim.SGD(loop.param_groups(loop_model), lr=LR, momentum=MOMENTUM, weight_decay=WD)
+    # a user's DDP loop: the hook and DGC's optimizer
+    user_model, user = DDP(_model()), _strategy(options)
+    user.install(user_model)
+    user_opt = user.optimizer(lr=LR)
+    for step in range(STEPS):
+        x, y = _batch(rank, step)
+        for model, strategy, opt in ((loop_model, loop, loop_opt), (user_model, user, user_opt)):
+            strategy.set_epoch(step / 4)
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            if strategy is loop:
+                loop.after_backward(loop_model)
+            opt.step()
+    return {
+        "loop": [p.detach().clone() for p in loop_model.parameters()],
+        "user": [p.detach().clone() for p in user_model.module.parameters()],
+        "bits": (loop.stats.bits_sent, user.stats.bits_sent),
+        "steps": (loop.stats.steps, user.stats.steps),
+        "metrics": (loop.metrics(), user.metrics()),
+    }
+
+
+@pytest.mark.parametrize("options", [OPTIONS, {**OPTIONS, "momentum_correction": False}], ids=["dgc", "gd"])
+def test_dgc_through_the_hook_equals_the_thinwire_loop(tmp_path, options):
+    for r in run_ranks(_both, 2, options, tmp_path=tmp_path):
+        for a, b in zip(r["loop"], r["user"], strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+        assert r["bits"][0] == r["bits"][1] > 0 and r["steps"] == (STEPS, STEPS)
+        assert r["metrics"][0] == pytest.approx(r["metrics"][1])
