@@ -98,6 +98,12 @@ def check_gossip_options(options: dict[str, Any], world_size: int) -> dict[str, 
             )
     if world_size < 2:
         raise ValueError(f"gossip needs at least 2 workers, got world_size {world_size}")
+    if graph == "ring" and world_size < 3:
+        # found here, before any rank starts: rank 0 alone building it would leave the others
+        # waiting for its plan
+        raise ValueError(
+            f"gossip graph ring needs world_size >= 3, got {world_size}: pick erdos_renyi or more workers"
+        )
     _check_number("edge_prob", merged["edge_prob"], 0.0, 1.0)
     _check_number("radius", merged["radius"], 0.0, math.sqrt(2))
     seed = merged["graph_seed"]

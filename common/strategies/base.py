@@ -8,7 +8,8 @@ The training loop calls, each step: ``forward_backward`` -> ``after_backward`` -
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -71,6 +72,51 @@ class SyncStrategy:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.stats.load_state_dict(state["stats"])
+
+    # -- in a user's own training loop ---------------------------------------------------------
+
+    def optimizer(
+        self, model: nn.Module, optimizer_class: type[torch.optim.Optimizer] = torch.optim.SGD, **kwargs: Any
+    ) -> torch.optim.Optimizer:
+        """This method in a user's own loop, two lines::
+
+            optimizer = strategy.optimizer(model, torch.optim.SGD, lr=0.1, momentum=0.9)
+            ...  strategy.set_epoch(step / steps_per_epoch); loss.backward(); optimizer.step()
+
+        ``model`` is the plain module (no DDP wrapper: the strategy makes every exchange). ``setup``
+        runs now (the same initial model on every rank); the optimizer is ``optimizer_class`` over
+        the strategy's parameter groups, and each ``step()`` runs ``after_backward`` (averaging,
+        compressing; DGC's and DEF's own update), the inner step, then ``after_step`` (gossip): the
+        thinwire loop's order, so the same data and seed give the same parameters. Evaluate inside
+        ``with strategy.evaluating(model):`` (DEF's virtual iterate, the gossip average).
+        """
+        self.setup(model)
+        strategy = self
+
+        class StrategyOptimizer(optimizer_class):  # type: ignore[valid-type, misc]
+            def step(self, closure: Any = None) -> Any:
+                loss = None
+                if closure is not None:
+                    with torch.enable_grad():
+                        loss = closure()
+                strategy.after_backward(model)
+                super().step()
+                strategy.after_step(model)
+                return loss
+
+        StrategyOptimizer.__name__ = StrategyOptimizer.__qualname__ = (
+            f"{type(self).__name__}_{optimizer_class.__name__}"
+        )
+        return StrategyOptimizer(self.param_groups(model), **kwargs)
+
+    @contextlib.contextmanager
+    def evaluating(self, model: nn.Module) -> Iterator[nn.Module]:
+        """``before_eval`` ... ``after_eval``: the model as the thinwire loop evaluates it."""
+        self.before_eval(model)
+        try:
+            yield model
+        finally:
+            self.after_eval(model)
 
 
 def _broadcast_module_state(model: nn.Module, tensors: str) -> None:

@@ -207,24 +207,35 @@ class DGCDataParallel(SyncStrategy):
 
     # -- in a user's own DDP loop: a comm hook and an optimizer ------------------------------------
 
-    def install(self, model: DistributedDataParallel) -> None:
-        """Register DGC's exchange as ``model``'s comm hook (per tensor of each bucket: sparsified
-        with momentum correction, or all-reduced densely) and remember the module for
-        :meth:`optimizer`. The same arithmetic and random draws as :meth:`after_backward`.
+    def install(self, model: DistributedDataParallel, lr: float, **kwargs: Any) -> torch.optim.Optimizer:
+        """DGC in a user's own DDP loop: registers DGC's exchange as ``model``'s comm hook (per
+        tensor of each bucket: sparsified with momentum correction, or all-reduced densely) and
+        returns SGD over DGC's parameter groups (momentum and weight decay 0 on the sparsified
+        tensors under momentum correction) whose ``step`` first adds DGC's local weight decay. The
+        same arithmetic and random draws as the thinwire loop's ``after_backward``::
 
             dgc = DGCDataParallel(build_compressor("dgc", density=0.001), momentum=0.9, weight_decay=5e-4)
-            dgc.install(model)                    # model = DistributedDataParallel(net)
-            optimizer = dgc.optimizer(lr=0.1)     # momentum where DGC wants it, weight decay after the exchange
+            optimizer = dgc.install(model, lr=0.1)      # model = DistributedDataParallel(net)
             ...  dgc.set_epoch(step / steps_per_epoch); loss.backward(); optimizer.step()
+
+        (Without DDP, :meth:`optimizer` does the same through explicit syncs.)
         """
         from ..comm.ddp_hook import install_method_hook
 
-        self._module = model.module
-        self.param_names = {id(p): n for n, p in model.module.named_parameters()}
-        self._sparse_names = {n for n, _ in self._split(model.module)[0]}
-        self.sparse.name_parameters(model.module)
-        self.dense.name_parameters(model.module)
+        module = model.module
+        self.param_names = {id(p): n for n, p in module.named_parameters()}
+        self._sparse_names = {n for n, _ in self._split(module)[0]}
         install_method_hook(model, self)
+        strategy = self
+
+        class DGCSGD(torch.optim.SGD):
+            def step(self, closure: Any = None) -> Any:
+                strategy.apply_weight_decay(module)
+                return super().step(closure)
+
+        return DGCSGD(
+            self.param_groups(module), lr=lr, momentum=self.momentum, weight_decay=self.weight_decay, **kwargs
+        )
 
     def reduce_bucket(self, names: Sequence[str], flat: Tensor, sizes: Sequence[int]) -> Tensor:
         """The mean of one DDP bucket: its sparsified tensors through the sparse sync, the rest
@@ -236,22 +247,6 @@ class DGCDataParallel(SyncStrategy):
                 continue
             sync.sync([(names[i], parts[i]) for i in chosen], count_step=False)
         return flat
-
-    def optimizer(self, lr: float, **kwargs: Any) -> torch.optim.Optimizer:
-        """SGD over the installed model with DGC's parameter groups (momentum and weight decay 0 on
-        the sparsified tensors under momentum correction) whose ``step`` first adds DGC's local
-        weight decay: what the thinwire loop's ``param_groups`` and ``after_backward`` do."""
-        module = self._module
-        strategy = self
-
-        class DGCSGD(torch.optim.SGD):
-            def step(self, closure: Any = None) -> Any:
-                strategy.apply_weight_decay(module)
-                return super().step(closure)
-
-        return DGCSGD(
-            self.param_groups(module), lr=lr, momentum=self.momentum, weight_decay=self.weight_decay, **kwargs
-        )
 
     def metrics(self) -> dict[str, float]:
         """The density this rank actually sent (entries sent / entries of the sparsified tensors)

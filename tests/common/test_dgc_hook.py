@@ -39,8 +39,7 @@ def _both(rank: int, world: int, options: dict) -> dict:
     loop_opt = torch.optim.SGD(loop.param_groups(loop_model), lr=LR, momentum=MOMENTUM, weight_decay=WD)
     # a user's DDP loop: the hook and DGC's optimizer
     user_model, user = DDP(_model()), _strategy(options)
-    user.install(user_model)
-    user_opt = user.optimizer(lr=LR)
+    user_opt = user.install(user_model, lr=LR)
     for step in range(STEPS):
         x, y = _batch(rank, step)
         for model, strategy, opt in ((loop_model, loop, loop_opt), (user_model, user, user_opt)):

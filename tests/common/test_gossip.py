@@ -132,3 +132,8 @@ def test_run_config_checks_gossip_options_and_refuses_a_compressor() -> None:
         RunConfig.from_dict({**base, "world_size": 4})
     with pytest.raises(ValueError, match=r"strategy gossip exchanges whole models .*\(got 'topk'"):
         RunConfig.from_dict({**base, "compressor": "topk", "compressor_options": {"density": 0.1}})
+
+
+def test_a_ring_of_two_is_refused_before_any_rank_starts():
+    with pytest.raises(ValueError, match=r"gossip graph ring needs world_size >= 3, got 2"):
+        RunConfig.from_dict({"strategy": "gossip", "world_size": 2, "strategy_options": {"graph": "ring"}})

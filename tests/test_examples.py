@@ -1,0 +1,34 @@
+"""The examples run as a user runs them (torchrun, 2 gloo ranks) and do what their docstrings say."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from common.paths import REPO_ROOT
+from tests.helpers.processes import run_group
+
+TORCHRUN = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc_per_node=2"]
+
+
+def _example(script: str, *args: str) -> dict:
+    result = run_group([*TORCHRUN, str(REPO_ROOT / "examples" / script), *args], cwd=REPO_ROOT, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_the_ddp_hook_example_trains_compressed_and_resumes_bit_exactly(tmp_path):
+    straight, split = tmp_path / "straight.pt", tmp_path / "split.pt"
+    args = ["--compressor", "terngrad", "--steps"]
+    first = _example("ddp_hook_mnist.py", *args, "12", "--checkpoint", str(split))
+    resumed = _example("ddp_hook_mnist.py", *args, "12", "--checkpoint", str(split))
+    whole = _example("ddp_hook_mnist.py", *args, "24", "--checkpoint", str(straight))
+    assert first["steps"] == 12 and resumed["steps"] == whole["steps"] == 24
+    assert whole["test_accuracy"] > 0.5  # chance is 0.1
+    assert whole["compression_factor"] > 10  # 2-bit codes and one scaler per tensor against fp32
+    a, b = torch.load(straight, weights_only=False), torch.load(split, weights_only=False)
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    assert resumed["test_accuracy"] == whole["test_accuracy"]
