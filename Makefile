@@ -30,8 +30,8 @@ $(STAMP): requirements.txt pyproject.toml
 	touch $@
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check common kernels papers pipelines tests benchmarks
-	$(VENV)/bin/ruff format --check common kernels papers pipelines tests benchmarks
+	$(VENV)/bin/ruff check common kernels papers pipelines tests benchmarks examples
+	$(VENV)/bin/ruff format --check common kernels papers pipelines tests benchmarks examples
 	$(VENV)/bin/mypy common kernels papers
 
 test: lint
