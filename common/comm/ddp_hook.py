@@ -68,12 +68,7 @@ def install_ddp_hook(
     the :class:`GradientSync`, whose ``stats`` and ``state_dict()`` (residuals, generator states)
     the caller may checkpoint.
     """
-    if not isinstance(model, DistributedDataParallel):
-        raise TypeError(
-            f"install_ddp_hook needs the DistributedDataParallel wrapper, got {type(model).__name__}: "
-            "wrap the model first (model = DistributedDataParallel(model)), or, without DDP, call "
-            "GradientSync(compressor).sync_gradients(model) after backward()"
-        )
+    _require_ddp(model, "install_ddp_hook", "GradientSync(compressor).sync_gradients(model) after backward()")
     sync_keys = {"transport", "seed", "group", "stats"}
     sync_options = {k: options.pop(k) for k in list(options) if k in sync_keys}
     if "bucket_numel" in options:
@@ -111,9 +106,13 @@ def method_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[tor
 
 def install_method_hook(model: DistributedDataParallel, method: Any) -> None:
     """Register ``method`` (a strategy with ``reduce_bucket``) as ``model``'s comm hook."""
+    _require_ddp(model, "a method's hook", "strategy.optimizer(model, ...)")
+    model.register_comm_hook(method, method_hook)
+
+
+def _require_ddp(model: Any, what: str, without: str) -> None:
     if not isinstance(model, DistributedDataParallel):
         raise TypeError(
-            f"a method's hook needs the DistributedDataParallel wrapper, got {type(model).__name__}: "
-            "wrap the model first (model = DistributedDataParallel(model))"
+            f"{what} needs the DistributedDataParallel wrapper, got {type(model).__name__}: wrap the "
+            f"model first (model = DistributedDataParallel(model)), or, without DDP, use {without}"
         )
-    model.register_comm_hook(method, method_hook)
