@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 OPTIMIZERS = ("sgd", "adamw")
-STRATEGIES = ("data_parallel", "dgc", "def", "sparse", "gossip")
 AUGMENTATIONS = ("none", "crop_flip", "flip_translate")  # common.data.augment (validation imports no torch)
 LR_SCHEDULES = ("constant", "cosine", "step", "linear")
 PRECISIONS = ("fp32", "bf16")  # bf16: autocast of the forward and backward; weights and gradients stay fp32
@@ -33,13 +32,12 @@ class RunConfig:
     compressor: str = "identity"
     compressor_options: dict[str, Any] = field(default_factory=dict)
     error_feedback: bool = False
-    # How a step communicates (common.strategies): "data_parallel" (GradientSync of every gradient
-    # through the compressor), "dgc" (Deep Gradient Compression's step; strategy_options are
-    # common.strategies.DGC_OPTIONS) or "def" (detached error feedback on the momentum update,
-    # DEF/DEF-A, classic EF at mu 0; options common.strategies.DEF_OPTIONS) or "sparse" (one selector
-    # over the whole flattened gradient: ExDyna and its baselines; common.strategies.SPARSE_OPTIONS)
-    # or "gossip" (decentralized SGD over activated matchings, MATCHA and its baselines: parameters,
-    # not gradients, cross the wire; common.gossip.GOSSIP_OPTIONS).
+    # How a step communicates: a strategy's name (common.methods.STRATEGIES): "data_parallel"
+    # (GradientSync of every gradient through the compressor), "dgc" (Deep Gradient Compression's
+    # step), "def" (detached error feedback, DEF/DEF-A), "sparse" (one selector over the whole
+    # flattened gradient: ExDyna and its baselines) or "gossip" (MATCHA and its baselines);
+    # strategy_options are checked by the strategy's check_options, and the settings its
+    # declarations rule out are errors naming them.
     strategy: str = "data_parallel"
     strategy_options: dict[str, Any] = field(default_factory=dict)
     transport: str = "auto"
@@ -204,55 +202,7 @@ class RunConfig:
         lookup(DATASETS, self.dataset, "dataset")
         lookup(MODELS, self.model, "model")
         build_compressor(self.compressor, **self.compressor_options)
-        if self.strategy not in STRATEGIES:
-            raise ValueError(f"unknown strategy {self.strategy!r}; valid: {', '.join(STRATEGIES)}")
-        if self.strategy in ("dgc", "def"):
-            from .strategies import check_def_options, check_dgc_options
-
-            if self.strategy == "dgc":
-                check_dgc_options(self.strategy_options)
-            else:
-                check_def_options(self.strategy_options)
-            if self.optimizer != "sgd":
-                raise ValueError(
-                    f"strategy {self.strategy} applies momentum SGD itself: optimizer must be sgd, "
-                    f"got {self.optimizer!r}"
-                )
-            if self.error_feedback:
-                raise ValueError(
-                    f"strategy {self.strategy} keeps its own memory (momentum correction / error "
-                    "feedback on the update): set error_feedback: false"
-                )
-        elif self.strategy == "sparse":
-            from .strategies import check_sparse_options
-
-            check_sparse_options(self.strategy_options)
-            if self.compressor != "identity" or self.error_feedback:
-                raise ValueError(
-                    "strategy sparse selects from the whole gradient and keeps its own residual: set "
-                    f"compressor: identity and error_feedback: false (got {self.compressor!r}, "
-                    f"error_feedback {self.error_feedback})"
-                )
-        elif self.strategy == "gossip":
-            from .gossip import check_gossip_options
-
-            check_gossip_options(self.strategy_options, self.world_size)
-            if self.compressor != "identity" or self.error_feedback:
-                raise ValueError(
-                    "strategy gossip exchanges whole models between neighbours, uncompressed: set "
-                    f"compressor: identity and error_feedback: false (got {self.compressor!r}, "
-                    f"error_feedback {self.error_feedback})"
-                )
-        elif self.strategy_options:
-            raise ValueError(
-                f"strategy {self.strategy!r} takes no strategy_options, got {self.strategy_options!r}"
-            )
-        for name, neutral, why in IGNORED_SETTINGS.get(self.strategy, ()):
-            if getattr(self, name) != neutral:
-                raise ValueError(
-                    f"strategy {self.strategy} ignores {name} (got {getattr(self, name)!r}): {why}; "
-                    f"remove it or set {name}: {_yaml(neutral)}"
-                )
+        self._check_strategy()
         check_stop_at(self.stop_at)
         from .comm.sync import TRANSPORTS
 
@@ -260,6 +210,33 @@ class RunConfig:
             raise ValueError(
                 f"unknown transport {self.transport!r}; valid transports: {', '.join(TRANSPORTS)}"
             )
+
+    def _check_strategy(self) -> None:
+        """The strategy's options and what its declarations (``needs``, ``ignores``) rule out."""
+        from .methods import strategy_class
+
+        cls = strategy_class(self.strategy)
+        cls.check_options(self.strategy_options, self.world_size)
+        needs, name = cls.needs, self.strategy
+        if not needs.compressor and (self.compressor != "identity" or self.error_feedback):
+            raise ValueError(
+                f"strategy {name} {needs.own_exchange}: set compressor: identity and error_feedback: "
+                f"false (got {self.compressor!r}, error_feedback {self.error_feedback})"
+            )
+        if needs.update == "own" and self.optimizer != "sgd":
+            raise ValueError(
+                f"strategy {name} applies momentum SGD itself: optimizer must be sgd, got {self.optimizer!r}"
+            )
+        if needs.memory == "own" and self.error_feedback:
+            raise ValueError(
+                f"strategy {name} keeps its own memory ({needs.own_memory}): set error_feedback: false"
+            )
+        for setting, neutral, why in cls.ignores:
+            if getattr(self, setting) != neutral:
+                raise ValueError(
+                    f"strategy {name} ignores {setting} (got {getattr(self, setting)!r}): {why}; "
+                    f"remove it or set {setting}: {_yaml(neutral)}"
+                )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -278,26 +255,6 @@ class RunConfig:
         }
         values = {k: v for k, v in self.to_dict().items() if k not in ignore}
         return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()[:12]
-
-
-# Settings a strategy does not read, with the value that says so (the default) and why: anything
-# else would be silently ignored, so it is an error naming the setting.
-_WHOLE_GRADIENT = "it selects from the whole flattened gradient and sends counts, indices and values"
-_GOSSIP = "it exchanges whole models with its neighbours, point to point"
-IGNORED_SETTINGS: dict[str, tuple[tuple[str, Any, str], ...]] = {
-    "dgc": (("transport", "auto", "DGC all-gathers its sparse payloads"),),
-    "def": (("transport", "auto", "DEF all-reduces its shared-index blocks"),),
-    "sparse": (
-        ("transport", "auto", _WHOLE_GRADIENT),
-        ("bucket_numel", None, _WHOLE_GRADIENT),
-        ("compress_per_tensor", False, _WHOLE_GRADIENT),
-    ),
-    "gossip": (
-        ("transport", "auto", _GOSSIP),
-        ("bucket_numel", None, _GOSSIP),
-        ("compress_per_tensor", False, _GOSSIP),
-    ),
-}
 
 
 def _yaml(value: Any) -> str:

@@ -25,7 +25,7 @@ broadcasts it, so every rank draws its flags from the very same probabilities.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import networkx as nx
 import numpy as np
@@ -36,7 +36,10 @@ from torch import Tensor, nn
 from .comm.collectives import exchange, get_rank, get_world_size
 from .comm.stats import CommStats
 from .registry import merge_options
-from .strategies.base import SyncStrategy, _broadcast_module_state
+from .strategies.base import MethodNeeds, SyncStrategy, _broadcast_module_state
+
+if TYPE_CHECKING:
+    from .config import RunConfig
 from .topology import (
     PAPER_GRAPHS,
     MatchaPlan,
@@ -53,6 +56,7 @@ from .topology import (
 
 GOSSIP_MODES = ("matcha", "vanilla", "periodic")
 GRAPHS = ("paper", "ring", "erdos_renyi", "geometric")
+_GOSSIP = "it exchanges whole models with its neighbours, point to point"
 
 #: ``strategy_options`` of ``strategy: gossip`` and their defaults.
 GOSSIP_OPTIONS: dict[str, Any] = {
@@ -153,6 +157,27 @@ def mixing_alpha(plan: MatchaPlan, mode: str, graph_laplacian: np.ndarray) -> fl
 
 class GossipStrategy(SyncStrategy):
     """Decentralized SGD: local steps, then parameter gossip on the active matchings."""
+
+    name = "gossip"
+    needs = MethodNeeds(
+        exchange="parameters",
+        compressor=False,
+        own_exchange="exchanges whole models between neighbours, uncompressed",
+        memory="none",
+    )
+    ignores = (
+        ("transport", "auto", _GOSSIP),
+        ("bucket_numel", None, _GOSSIP),
+        ("compress_per_tensor", False, _GOSSIP),
+    )
+
+    @classmethod
+    def check_options(cls, options: dict[str, Any], world_size: int) -> dict[str, Any]:
+        return check_gossip_options(options, world_size)
+
+    @classmethod
+    def from_config(cls, config: RunConfig) -> GossipStrategy:
+        return cls.from_options(config.strategy_options, seed=config.seed)
 
     def __init__(self, plan: MatchaPlan, *, mode: str = "matcha", seed: int = 0) -> None:
         if mode not in GOSSIP_MODES:

@@ -39,24 +39,16 @@ from torch import Tensor, nn
 
 from .checkpoint import Checkpointer
 from .comm.collectives import get_world_size
-from .comm.sync import GradientSync
-from .compressors import build_compressor
 from .config import RunConfig, stop_reached
 from .data import Dataset, epoch_batches, load_dataset
 from .data.augment import augment_batch, augment_generator
 from .distributed import DistContext, barrier, init_from_env, is_collective_timeout, seed_everything
 from .fileio import atomic_write, atomic_write_json, atomic_write_text
-from .gossip import GossipStrategy
+from .methods import strategy_class
 from .models import build_model
 from .paths import REPO_ROOT
 from .plots import plot_curves
-from .strategies import (
-    DataParallel,
-    DetachedEFDataParallel,
-    DGCDataParallel,
-    SparseDataParallel,
-    SyncStrategy,
-)
+from .strategies import SyncStrategy
 from .tracking import Tracker, git_sha
 
 log = logging.getLogger(__name__)
@@ -84,35 +76,8 @@ Callback = Callable[[StepInfo], None]
 
 
 def default_strategy(config: RunConfig) -> SyncStrategy:
-    """``config.strategy``: data parallelism through ``config``'s compressor (with error feedback
-    if asked), DGC's step, detached error feedback (DEF), a whole-gradient selector (ExDyna) or
-    decentralized gossip (MATCHA)."""
-    if config.strategy == "sparse":
-        return SparseDataParallel(options=config.strategy_options, seed=config.seed)
-    if config.strategy == "gossip":
-        return GossipStrategy.from_options(config.strategy_options, seed=config.seed)
-    compressor = build_compressor(config.compressor, **config.compressor_options)
-    if config.strategy in ("def", "dgc"):
-        cls: type[DetachedEFDataParallel] | type[DGCDataParallel] = (
-            DetachedEFDataParallel if config.strategy == "def" else DGCDataParallel
-        )
-        return cls(
-            compressor,
-            momentum=config.momentum,
-            weight_decay=config.weight_decay,
-            options=config.strategy_options,
-            bucket_numel=config.bucket_numel,
-            seed=config.seed,
-        )
-    sync = GradientSync(
-        compressor,
-        error_feedback=config.error_feedback,
-        transport=config.transport,
-        bucket_numel=config.bucket_numel,
-        compress_per_tensor=config.compress_per_tensor,
-        seed=config.seed,
-    )
-    return DataParallel(sync)
+    """The strategy ``config.strategy`` names, built from the run (common.methods.STRATEGIES)."""
+    return strategy_class(config.strategy).from_config(config)
 
 
 def _loss_fn(kind: str, label_smoothing: float = 0.0) -> Callable[[Tensor, Tensor], Tensor]:

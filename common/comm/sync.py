@@ -11,13 +11,14 @@ import logging
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 from torch.futures import Future
 
-from ..compressors.base import Compressor, CompressorRNG, Payload
+from ..compressors.base import Compressor, CompressorRNG, Payload, ScaledCodes
 from ..feedback import ErrorFeedback
 from .collectives import (
     ProcessGroup,
@@ -202,8 +203,8 @@ class GradientSync:
 
         The input may be overwritten (an all-reduce works in place) and may be the result.
         """
-        if hasattr(self.compressor, "shared_scaler"):
-            return self._reduce_ternary(names, flat, sizes)
+        if self.compressor.needs.scaled_codes:
+            return self._reduce_scaled_codes(names, flat, sizes)
         steps = [self._compress(*unit) for unit in self._units(names, flat, sizes)]
         with self.stats.phase("communicate", flat.device):
             if self.use_allreduce:
@@ -340,15 +341,14 @@ class GradientSync:
             self.stats.dense_bits += step.flat.numel() * 32
         return mean
 
-    # -- scaler-sharing ternary codes (TernGrad) -----------------------------------------------------
+    # -- scaled codes (needs.scaled_codes: TernGrad) -------------------------------------------------
 
     def _code_route(self, world: int) -> str:
         """Per tensor: all-gather 2-bit codes (2 (W-1) bits per element through each rank) or
-        all-reduce int8 code sums (ring: 8 x 2 (W-1) / W); "auto" takes the fewer bits: all-reduce
-        from W = 9 on."""
-        compressor = self.compressor
-        choice = getattr(compressor, "code_transport", "auto")
-        if not getattr(compressor, "shared_scaler", False):
+        all-reduce int8 code sums (ring: 8 x 2 (W-1) / W), the latter only with agreed scalers;
+        "auto" takes the fewer bits: all-reduce from W = 9 on."""
+        choice = cast(ScaledCodes, self.compressor).code_transport
+        if self.compressor.needs.scaler_round != "max":
             return "allgather"
         if choice != "auto":
             return str(choice)
@@ -356,7 +356,7 @@ class GradientSync:
 
     def _check_fp32_layers(self, names: Sequence[str]) -> None:
         """Unknown names in the compressor's fp32 list fail at the first step, naming the known ones."""
-        wanted = getattr(self.compressor, "fp32_layers", ())
+        wanted = self.compressor.fp32_layers
         if not wanted or self._fp32_checked:
             return
         unknown = [n for n in wanted if not any(x == n or x.startswith(n + ".") for x in names)]
@@ -367,29 +367,32 @@ class GradientSync:
             )
         self._fp32_checked = True
 
-    def _reduce_ternary(self, names: Sequence[str], flat: Tensor, sizes: Sequence[int]) -> Tensor:
-        """TernGrad's step: compensate; agree on the max scaler per tensor (one small all-reduce);
-        ternarize; per tensor all-gather the packed codes or all-reduce int8 code sums (which sent
-        is counted in ``stats.routes``); tensors the compressor keeps in fp32 are all-reduced
-        densely. Returns the mean over ranks and updates the residuals."""
-        compressor = self.compressor
+    def _reduce_scaled_codes(self, names: Sequence[str], flat: Tensor, sizes: Sequence[int]) -> Tensor:
+        """The route ``needs.scaled_codes`` declares (TernGrad's step): compensate; with
+        ``scaler_round="max"`` agree on the max scaler per tensor (one small all-reduce); encode;
+        per tensor all-gather the packed codes or all-reduce int8 code sums (which one is counted
+        in ``stats.routes``); tensors the compressor keeps in fp32 (``needs.dense_tensors``) are
+        all-reduced densely. Returns the mean over ranks and updates the residuals."""
+        compressor = cast(ScaledCodes, self.compressor)
+        needs = self.compressor.needs
         world = get_world_size(self.group)
         device = flat.device
         ef = self.error_feedback
         if self.param_names:  # the DDP hook sees one bucket at a time: check against the module
             self._check_fp32_layers(list(self.param_names.values()))
         units = self._units(names, flat, sizes)
-        keep_fp32 = getattr(compressor, "keeps_fp32", lambda name, numel: False)
+        keep_fp32 = self.compressor.keeps_fp32
         with self.stats.phase("compress", device):
             compensated = [ef.compensate(n, f, z) if ef is not None else f for n, f, z in units]
             dense = [all(keep_fp32(n, z) for n, z in zip(u[0], u[2], strict=True)) for u in units]
             ternary = [i for i, d in enumerate(dense) if not d]
             scalers = (
-                torch.stack([compressor.scaler(compensated[i]) for i in ternary])  # type: ignore[attr-defined]
+                torch.stack([compressor.scaler(compensated[i]) for i in ternary])
                 if ternary
                 else torch.zeros(0, device=device)
             )
-        if ternary and getattr(compressor, "shared_scaler", False):
+        shared = needs.scaler_round == "max"
+        if ternary and shared:
             with self.stats.phase("communicate", device):
                 all_reduce_max_(scalers, stats=self.stats, group=self.group)
         route = self._code_route(world)
@@ -397,13 +400,12 @@ class GradientSync:
         payloads: dict[int, Payload] = {}
         sent: list[Tensor | None] = [None] * len(units)
         with self.stats.phase("compress", device):
-            shared = getattr(compressor, "shared_scaler", False)
             for j, i in enumerate(ternary):
-                payloads[i] = compressor.compress(  # type: ignore[call-arg]
+                payloads[i] = compressor.compress(
                     compensated[i], self.unit_rng(units[i][0], device), scaler=scalers[j] if shared else None
                 )
                 if ef is not None:
-                    sent[i] = compressor.decompress(payloads[i])
+                    sent[i] = self.compressor.decompress(payloads[i])
             for i in range(len(units)):
                 if dense[i]:
                     sent[i] = compensated[i]
@@ -415,9 +417,7 @@ class GradientSync:
             summed = [i for i in ternary if route == "allreduce"]
             gathered_units = [i for i in ternary if route != "allreduce"]
             code_sum = (
-                torch.cat([compressor.codes(payloads[i]).to(code_dtype) for i in summed])  # type: ignore[attr-defined]
-                if summed
-                else None
+                torch.cat([compressor.codes(payloads[i]).to(code_dtype) for i in summed]) if summed else None
             )
             dense_ids = [i for i, d in enumerate(dense) if d]
             dense_sum = (
@@ -445,10 +445,10 @@ class GradientSync:
                 if dense[i]:
                     total = next(dense_parts)
                 elif i in gathered:
-                    total = compressor.aggregate(gathered[i])
+                    total = self.compressor.aggregate(gathered[i])
                 else:
                     j = ternary.index(i)
-                    total = compressor.decode_sum(  # type: ignore[attr-defined]
+                    total = compressor.decode_sum(
                         next(code_parts), scalers[j], unit_flat.shape, torch.float32
                     )
                 means.append(total.reshape(-1).to(unit_flat.dtype).div_(world))

@@ -23,7 +23,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import torch
 from torch import Tensor
@@ -100,12 +100,46 @@ class CompressorRNG:
         self.local.set_state(state["local"])
 
 
+@dataclass(frozen=True)
+class Needs:
+    """What a compressor needs from its transport beyond compress -> one collective -> decompress.
+
+    The compressor declares it; GradientSync dispatches on it (never on the compressor's class or
+    attributes). The default, nothing more, is every compressor but TernGrad.
+
+    ``scaler_round``: ``"max"``: before compressing, the ranks agree on the largest of each
+    tensor's scaler (:meth:`ScaledCodes.scaler`; one small max all-reduce), so that their integer
+    codes may be summed (TernGrad's scaler sharing); ``None``: no round before compression.
+    ``scaled_codes``: the payload is integer codes times one scaler per tensor (the
+    :class:`ScaledCodes` interface): per tensor the transport all-gathers the packed codes or, with
+    an agreed scaler, all-reduces the codes' integer sums, whichever sends fewer bits.
+    ``dense_tensors``: some tensors are sent uncompressed (:meth:`Compressor.keeps_fp32`), summed in
+    one dense fp32 all-reduce beside the codes.
+    """
+
+    scaler_round: str | None = None
+    scaled_codes: bool = False
+    dense_tensors: bool = False
+
+    def __post_init__(self) -> None:
+        if self.scaler_round not in SCALER_ROUNDS:
+            raise ValueError(f"unknown scaler_round {self.scaler_round!r}; valid: {SCALER_ROUNDS}")
+        if (self.scaler_round or self.dense_tensors) and not self.scaled_codes:
+            raise ValueError(
+                "scaler_round and dense_tensors are rounds of the scaled-codes route: declare scaled_codes=True"
+            )
+
+
+SCALER_ROUNDS = (None, "max")
+
+
 class Compressor(ABC):
     """Stateless, device-agnostic compressor.
 
     Subclasses set three class attributes: ``name`` (registry key), ``linear`` (payload wire
     tensors of several ranks may be summed elementwise by an all-reduce and then decompressed as
-    one) and ``unbiased`` (E[decompress(compress(x))] == x). Wire tensors are 1-D.
+    one) and ``unbiased`` (E[decompress(compress(x))] == x). Wire tensors are 1-D. What the
+    transport must do beyond one collective is declared in ``needs`` (:class:`Needs`).
     """
 
     name: ClassVar[str]
@@ -114,6 +148,16 @@ class Compressor(ABC):
     #: Every rank's payload for a tensor of a given shape has the same wire sizes (e.g. top-k at a
     #: fixed density), so an all-gather needs no preliminary exchange of sizes.
     fixed_size: ClassVar[bool] = False
+    needs: Needs = Needs()
+    #: Sparsifiers: the fraction of entries kept (DGC's warm-up and DEF-A's averager read it);
+    #: None for compressors that send every entry.
+    density: float | None = None
+    #: Parameter or module names whose tensors are sent in fp32 (``needs.dense_tensors``).
+    fp32_layers: tuple[str, ...] = ()
+
+    def keeps_fp32(self, name: str, numel: int) -> bool:
+        """Whether the tensor ``name`` (``numel`` entries) is sent uncompressed (``needs.dense_tensors``)."""
+        return False
 
     @abstractmethod
     def compress(self, x: Tensor, rng: CompressorRNG) -> Payload: ...
@@ -175,3 +219,28 @@ def num_kept(numel: int, density: float) -> int:
 def index_dtype(numel: int) -> torch.dtype:
     """int32 indices when they fit (half the bits of int64 on the wire)."""
     return torch.int32 if numel < 2**31 else torch.int64
+
+
+class ScaledCodes(Protocol):
+    """The interface of a compressor that declares ``needs.scaled_codes`` (TernGrad)."""
+
+    name: str
+    #: Per tensor: "allgather" (packed codes), "allreduce" (integer code sums, agreed scalers
+    #: only) or "auto" (the fewer bits at the world size).
+    code_transport: str
+
+    def scaler(self, x: Tensor) -> Tensor:
+        """This rank's 0-dim float32 scaler of ``x`` (what the ``"max"`` round agrees on)."""
+        ...
+
+    def compress(self, x: Tensor, rng: CompressorRNG, scaler: Tensor | float | None = None) -> Payload:
+        """Codes of ``x`` at ``scaler`` (the agreed one; None: this rank's own)."""
+        ...
+
+    def codes(self, payload: Payload) -> Tensor:
+        """The payload's integer codes, one per entry (what the integer all-reduce sums)."""
+        ...
+
+    def decode_sum(self, code_sum: Tensor, scaler: Tensor, shape: torch.Size, dtype: torch.dtype) -> Tensor:
+        """The sum over ranks from the summed codes and the agreed scaler."""
+        ...

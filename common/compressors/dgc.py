@@ -130,6 +130,7 @@ class DGC(Compressor):
     linear = False
     unbiased = False
     fixed_size = False
+    density: float
 
     def __init__(
         self,

@@ -39,6 +39,7 @@ class RandomBlock(Compressor):
     name = "random_block"
     linear = True
     fixed_size = True
+    density: float
 
     def __init__(self, density: float, *, scaled: bool = False) -> None:
         self.density = check_density(density)

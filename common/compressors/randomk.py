@@ -26,6 +26,7 @@ class RandomK(Compressor):
 
     name = "randomk"
     fixed_size = True
+    density: float
 
     def __init__(self, density: float, *, scaled: bool = True, shared_indices: bool = True) -> None:
         self.density = check_density(density)

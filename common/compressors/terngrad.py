@@ -57,7 +57,7 @@ from torch import Tensor
 
 from kernels import ternarize, ternary_decode_accumulate, unpack_bits
 
-from .base import Compressor, CompressorRNG, Payload
+from .base import Compressor, CompressorRNG, Needs, Payload
 
 CODE_TRANSPORTS = ("auto", "allgather", "allreduce")
 CLIP_RULES = ("shared", "own")
@@ -131,6 +131,13 @@ class TernGrad(Compressor):
         self.code_transport = code_transport
         self.fp32_below = fp32_below
         self.fp32_layers = tuple(fp32_layers)
+        # Declared for the transport: one scaler per tensor, agreed by a max round when shared;
+        # the fp32 exceptions go in a dense all-reduce beside the codes.
+        self.needs = Needs(
+            scaler_round="max" if shared_scaler else None,
+            scaled_codes=True,
+            dense_tensors=bool(self.fp32_below or self.fp32_layers),
+        )
 
     def keeps_fp32(self, name: str, numel: int) -> bool:
         """The paper's exceptions: small tensors (< ``fp32_below`` entries) and the named layers

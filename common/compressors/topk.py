@@ -24,6 +24,7 @@ class TopK(Compressor):
     linear = False
     unbiased = False
     fixed_size = True
+    density: float
 
     def __init__(self, density: float) -> None:
         self.density = check_density(density)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -19,17 +20,81 @@ from torch import Tensor, nn
 from ..comm.collectives import get_world_size
 from ..comm.stats import CommStats
 from ..comm.sync import GradientSync
+from ..compressors import build_compressor
+
+if TYPE_CHECKING:
+    from ..config import RunConfig
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
 
+EXCHANGES = ("gradients", "parameters")
+UPDATES = ("optimizer", "own")
+MEMORIES = ("error_feedback", "own", "none")
+
+
+@dataclass(frozen=True)
+class MethodNeeds:
+    """What a sync strategy needs from a run and the loop, declared by the strategy: the run's
+    validation (:meth:`common.config.RunConfig.validate`) dispatches on it, never on the
+    strategy's name.
+
+    ``exchange``: ``"gradients"`` (collectives over every rank after the backward pass) or
+    ``"parameters"`` (point to point with the neighbours after the update: gossip).
+    ``compressor``: whether the run's ``compressor`` is what it sends (False: it has its own
+    exchange, ``own_exchange`` says which; the run's compressor must stay identity).
+    ``update``: ``"optimizer"`` (the optimizer applies the averaged gradient) or ``"own"`` (the
+    strategy applies momentum and weight decay itself, DGC's momentum correction, DEF's update:
+    the optimizer must be plain SGD, which only carries the scheduled learning rate).
+    ``memory``: ``"error_feedback"`` (the run's ``error_feedback`` decides), ``"own"`` (it keeps its
+    own: momentum correction, a residual, ``own_memory`` says which; ``error_feedback`` must be
+    false) or ``"none"``.
+    """
+
+    exchange: str = "gradients"
+    compressor: bool = True
+    own_exchange: str = ""
+    update: str = "optimizer"
+    memory: str = "error_feedback"
+    own_memory: str = ""
+
+    def __post_init__(self) -> None:
+        for name, allowed in (("exchange", EXCHANGES), ("update", UPDATES), ("memory", MEMORIES)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"unknown {name} {getattr(self, name)!r}; valid: {', '.join(allowed)}")
+        if not self.compressor and not self.own_exchange:
+            raise ValueError("a strategy without the run's compressor says what it exchanges (own_exchange)")
+
 
 class SyncStrategy:
-    """Base: a single process's plain step. Subclasses say what is communicated."""
+    """Base: a single process's plain step. Subclasses say what is communicated.
 
+    A strategy selectable by name (``strategy:`` in a run; :data:`common.methods.STRATEGIES`)
+    declares ``name``, ``needs`` (:class:`MethodNeeds`) and ``ignores`` (run settings it does not
+    read, each with its neutral value and why: any other value is an error naming it), validates
+    its ``strategy_options`` in :meth:`check_options` and builds itself from a run in
+    :meth:`from_config`.
+    """
+
+    name: ClassVar[str] = ""
+    needs: ClassVar[MethodNeeds] = MethodNeeds()
+    ignores: ClassVar[tuple[tuple[str, Any, str], ...]] = ()
     stats: CommStats
 
     def __init__(self) -> None:
         self.stats = CommStats()
+
+    @classmethod
+    def check_options(cls, options: dict[str, Any], world_size: int) -> dict[str, Any]:
+        """``options`` over the defaults, validated (the values the strategy will use); the base
+        takes none."""
+        if options:
+            raise ValueError(f"strategy {cls.name!r} takes no strategy_options, got {options!r}")
+        return {}
+
+    @classmethod
+    def from_config(cls, config: RunConfig) -> SyncStrategy:
+        """The strategy of a validated run whose ``strategy`` names this class."""
+        raise NotImplementedError(f"{cls.__name__} is not built from a run configuration")
 
     def setup(self, model: nn.Module) -> None:
         """Called once, after the model is built and before the first step."""
@@ -136,6 +201,21 @@ class DataParallel(SyncStrategy):
     def __init__(self, sync: GradientSync) -> None:
         self.sync = sync
         self.stats = sync.stats
+
+    name = "data_parallel"
+
+    @classmethod
+    def from_config(cls, config: RunConfig) -> DataParallel:
+        compressor = build_compressor(config.compressor, **config.compressor_options)
+        sync = GradientSync(
+            compressor,
+            error_feedback=config.error_feedback,
+            transport=config.transport,
+            bucket_numel=config.bucket_numel,
+            compress_per_tensor=config.compress_per_tensor,
+            seed=config.seed,
+        )
+        return cls(sync)
 
     def setup(self, model: nn.Module) -> None:
         _broadcast_module_state(model, "parameters")

@@ -26,7 +26,7 @@ their gradient points, are pulled together. Its traffic is counted like the rest
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -35,11 +35,15 @@ from torch import Tensor, nn
 from ..comm.collectives import get_world_size
 from ..comm.stats import CommStats
 from ..comm.sync import GradientSync
+from ..compressors import build_compressor
 from ..compressors.base import Compressor
 from ..compressors.random_block import RandomBlock
 from ..feedback import ErrorFeedback
 from ..registry import merge_options
-from .base import SyncStrategy, _broadcast_module_state
+from .base import MethodNeeds, SyncStrategy, _broadcast_module_state
+
+if TYPE_CHECKING:
+    from ..config import RunConfig
 
 DEF_OPTIONS: dict[str, Any] = {
     "feedback": True,  # keep what the compressor leaves out (false: drop it, e = 0)
@@ -80,6 +84,27 @@ class DetachedEFDataParallel(SyncStrategy):
     an all-gather.
     """
 
+    name = "def"
+    needs = MethodNeeds(
+        update="own", memory="own", own_memory="momentum correction / error feedback on the update"
+    )
+    ignores = (("transport", "auto", "DEF all-reduces its shared-index blocks"),)
+
+    @classmethod
+    def check_options(cls, options: dict[str, Any], world_size: int) -> dict[str, Any]:
+        return check_def_options(options)
+
+    @classmethod
+    def from_config(cls, config: RunConfig) -> DetachedEFDataParallel:
+        return cls(
+            build_compressor(config.compressor, **config.compressor_options),
+            momentum=config.momentum,
+            weight_decay=config.weight_decay,
+            options=config.strategy_options,
+            bucket_numel=config.bucket_numel,
+            seed=config.seed,
+        )
+
     def __init__(
         self,
         compressor: Compressor,
@@ -105,7 +130,7 @@ class DetachedEFDataParallel(SyncStrategy):
         )
         self.averager: GradientSync | None = None
         if self.options["average_every"] is not None:
-            density = getattr(compressor, "density", None)
+            density = compressor.density
             if density is None:
                 raise ValueError(
                     f"def average_every (DEF-A) averages through a random block at the compressor's "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -18,7 +18,10 @@ from ..compressors.base import Compressor, CompressorRNG, Payload
 from ..compressors.dgc import warmup_density
 from ..feedback import MomentumCorrection
 from ..registry import merge_options
-from .base import SyncStrategy, _broadcast_module_state
+from .base import MethodNeeds, SyncStrategy, _broadcast_module_state
+
+if TYPE_CHECKING:
+    from ..config import RunConfig
 
 
 class _CountingSparsifier(Compressor):
@@ -95,6 +98,27 @@ class DGCDataParallel(SyncStrategy):
     ``warmup_epochs`` spreads them over that many (possibly fractional) epochs instead of one each.
     """
 
+    name = "dgc"
+    needs = MethodNeeds(
+        update="own", memory="own", own_memory="momentum correction / error feedback on the update"
+    )
+    ignores = (("transport", "auto", "DGC all-gathers its sparse payloads"),)
+
+    @classmethod
+    def check_options(cls, options: dict[str, Any], world_size: int) -> dict[str, Any]:
+        return check_dgc_options(options)
+
+    @classmethod
+    def from_config(cls, config: RunConfig) -> DGCDataParallel:
+        return cls(
+            build_compressor(config.compressor, **config.compressor_options),
+            momentum=config.momentum,
+            weight_decay=config.weight_decay,
+            options=config.strategy_options,
+            bucket_numel=config.bucket_numel,
+            seed=config.seed,
+        )
+
     def __init__(
         self,
         compressor: Compressor,
@@ -105,14 +129,14 @@ class DGCDataParallel(SyncStrategy):
         bucket_numel: int | None = None,
         seed: int = 0,
     ) -> None:
-        if compressor.linear or not hasattr(compressor, "density"):
+        if compressor.linear or compressor.density is None:
             raise ValueError(
                 f"strategy dgc needs a sparsifier (values + indices, all-gathered), e.g. compressor dgc "
                 f"or topk; got {compressor.name!r}"
             )
         self.options = check_dgc_options(options or {})
         self.compressor = _CountingSparsifier(compressor)
-        self.final_density = float(getattr(compressor, "density", 1.0))
+        self.final_density = compressor.density
         self.momentum = momentum
         self.weight_decay = weight_decay
         corrected = self.options["momentum_correction"]

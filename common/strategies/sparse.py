@@ -43,7 +43,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -55,7 +55,10 @@ from ..comm.stats import CommStats
 from ..compressors.base import CompressorRNG, check_density
 from ..compressors.dgc import DGC
 from ..registry import merge_options
-from .base import SyncStrategy, _broadcast_module_state
+from .base import MethodNeeds, SyncStrategy, _broadcast_module_state
+
+if TYPE_CHECKING:
+    from ..config import RunConfig
 
 SELECTORS = ("exdyna", "topk", "dgc", "threshold", "cltk")
 SPARSE_OPTIONS: dict[str, Any] = {
@@ -69,6 +72,7 @@ SPARSE_OPTIONS: dict[str, Any] = {
     "threshold_init": None,
 }
 BLOCK_MULTIPLE = 32
+_WHOLE_GRADIENT = "it selects from the whole flattened gradient and sends counts, indices and values"
 # The code's threshold scaling: up above BAND, down at or below BAND_LOW (its literal 0.909).
 SCALE_UP, SCALE_BAND, SCALE_DOWN, BAND, BAND_LOW = 1.005, 1.00125, 0.995, 1.1, 0.909
 
@@ -171,6 +175,26 @@ def scale_threshold(threshold: float, selected: int, k: int) -> float:
 
 class SparseDataParallel(SyncStrategy):
     """Data parallelism through one selector over the whole flattened gradient (module docstring)."""
+
+    name = "sparse"
+    needs = MethodNeeds(
+        compressor=False,
+        own_exchange="selects from the whole gradient and keeps its own residual",
+        memory="own",
+    )
+    ignores = (
+        ("transport", "auto", _WHOLE_GRADIENT),
+        ("bucket_numel", None, _WHOLE_GRADIENT),
+        ("compress_per_tensor", False, _WHOLE_GRADIENT),
+    )
+
+    @classmethod
+    def check_options(cls, options: dict[str, Any], world_size: int) -> dict[str, Any]:
+        return check_sparse_options(options)
+
+    @classmethod
+    def from_config(cls, config: RunConfig) -> SparseDataParallel:
+        return cls(options=config.strategy_options, seed=config.seed)
 
     def __init__(self, *, options: dict[str, Any] | None = None, seed: int = 0) -> None:
         self.options = check_sparse_options(options or {})

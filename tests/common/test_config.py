@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from common.config import IGNORED_SETTINGS, RunConfig, compose
+from common.config import RunConfig, compose
+from common.methods import STRATEGIES
 from common.paths import REPO_ROOT
 
 
@@ -223,8 +224,8 @@ def test_a_setting_the_strategy_ignores_is_an_error_naming_it(values, message):
 
 
 def test_the_settings_a_strategy_ignores_pass_at_their_neutral_value():
-    for strategy, settings in IGNORED_SETTINGS.items():
-        neutral = {name: value for name, value, _ in settings}
+    for strategy, cls in STRATEGIES.items():
+        neutral = {name: value for name, value, _ in cls.ignores}
         assert neutral == {name: getattr(RunConfig(), name) for name in neutral}, strategy  # the defaults
     RunConfig.from_dict(
         {"strategy": "sparse", "bucket_numel": None, "compress_per_tensor": False, "transport": "auto"}

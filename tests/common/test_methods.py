@@ -1,0 +1,123 @@
+"""The method contract: transports and run validation dispatch on what a compressor or strategy
+declares, never on its name or on probing its attributes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from common.comm import GradientSync
+from common.compressors import build_compressor
+from common.compressors.base import Needs
+from common.compressors.terngrad import TernGrad
+from common.config import RunConfig
+from common.methods import STRATEGIES, strategy_class
+from common.strategies import SyncStrategy
+from common.strategies.base import MethodNeeds
+from common.train import default_strategy
+from tests.distributed import run_ranks
+
+
+def test_terngrad_declares_its_rounds_and_the_others_declare_none():
+    assert TernGrad().needs == Needs(scaler_round="max", scaled_codes=True)
+    assert TernGrad(shared_scaler=False).needs == Needs(scaled_codes=True)
+    assert TernGrad(fp32_below=100).needs.dense_tensors
+    sparse = {"density": 0.01}
+    for name, options in (("identity", {}), ("fp16", {}), ("topk", sparse), ("randomk", sparse),
+                          ("random_block", sparse), ("qsgd", {}), ("dgc", sparse)):  # fmt: skip
+        assert build_compressor(name, **options).needs == Needs(), name
+
+
+def test_a_declaration_that_no_route_implements_is_refused():
+    with pytest.raises(ValueError, match="unknown scaler_round 'mean'"):
+        Needs(scaler_round="mean", scaled_codes=True)
+    with pytest.raises(ValueError, match="declare scaled_codes=True"):
+        Needs(dense_tensors=True)
+    with pytest.raises(ValueError, match="unknown update 'adam'; valid: optimizer, own"):
+        MethodNeeds(update="adam")
+    with pytest.raises(ValueError, match="says what it exchanges"):
+        MethodNeeds(compressor=False)
+
+
+class _Undeclared(TernGrad):
+    """TernGrad's attributes (shared_scaler, scaler, codes) but the default declaration: no rounds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.needs = Needs()
+
+
+def _route(rank: int, world: int) -> dict[str, Any]:
+    out = {}
+    for label, compressor in (("declared", TernGrad()), ("undeclared", _Undeclared())):
+        sync = GradientSync(compressor, seed=1)
+        grad = torch.randn(1000, generator=torch.Generator().manual_seed(rank))
+        sync.sync([("w", grad)])
+        out[label] = (dict(sync.stats.routes), dict(sync.stats.calls))
+    return out
+
+
+def test_gradient_sync_takes_the_route_the_compressor_declares(tmp_path):
+    for declared, undeclared in (r.values() for r in run_ranks(_route, 2, tmp_path=tmp_path)):
+        routes, calls = declared
+        assert routes == {"terngrad-allgather": 1} and calls["all_reduce"] == 1  # the scaler round (a max)
+        routes, calls = undeclared
+        assert routes == {} and "all_reduce" not in calls  # attributes alone choose nothing
+
+
+def test_every_strategy_is_registered_under_the_name_it_declares():
+    assert list(STRATEGIES) == ["data_parallel", "dgc", "def", "sparse", "gossip"]
+    for name, cls in STRATEGIES.items():
+        assert cls.name == name and isinstance(cls.needs, MethodNeeds)
+    with pytest.raises(ValueError, match="unknown strategy 'ddp'; valid: data_parallel, dgc, def"):
+        strategy_class("ddp")
+
+
+class _OwnUpdate(SyncStrategy):
+    """A new strategy: declarations only, no name of it anywhere in config.py or train.py."""
+
+    name = "own_update"
+    needs = MethodNeeds(update="own", memory="own", own_memory="a test's residual")
+    ignores = (("bucket_numel", None, "it sends one tensor"),)
+
+    @classmethod
+    def check_options(cls, options: dict[str, Any], world_size: int) -> dict[str, Any]:
+        if set(options) - {"k"}:
+            raise ValueError(f"own_update options: k only, got {sorted(options)}")
+        return {"k": 1, **options}
+
+    @classmethod
+    def from_config(cls, config: RunConfig) -> _OwnUpdate:
+        strategy = cls()
+        strategy.k = config.strategy_options.get("k", 1)  # type: ignore[attr-defined]
+        return strategy
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"strategy_options": {"j": 2}}, r"own_update options: k only, got \['j'\]"),
+        ({"optimizer": "adamw"}, "strategy own_update applies momentum SGD itself: optimizer must be sgd"),
+        ({"error_feedback": True}, r"keeps its own memory \(a test's residual\): set error_feedback: false"),
+        ({"bucket_numel": 64}, "strategy own_update ignores bucket_numel .got 64.: it sends one tensor"),
+    ],
+)
+def test_a_new_strategy_is_validated_and_built_from_its_declarations(monkeypatch, settings, message):
+    monkeypatch.setitem(STRATEGIES, "own_update", _OwnUpdate)
+    with pytest.raises(ValueError, match=message):
+        RunConfig.from_dict({"strategy": "own_update", **settings})
+    config = RunConfig.from_dict({"strategy": "own_update", "strategy_options": {"k": 3}})
+    strategy = default_strategy(config)
+    assert isinstance(strategy, _OwnUpdate) and strategy.k == 3  # type: ignore[attr-defined]
+
+
+def test_a_strategy_with_its_own_exchange_refuses_a_compressor(monkeypatch):
+    class Own(_OwnUpdate):
+        name = "own_exchange"
+        needs = MethodNeeds(compressor=False, own_exchange="sends its own thing", memory="none")
+
+    monkeypatch.setitem(STRATEGIES, "own_exchange", Own)
+    with pytest.raises(ValueError, match="strategy own_exchange sends its own thing: set compressor: identity"):
+        RunConfig.from_dict({"strategy": "own_exchange", "compressor": "fp16"})
