@@ -235,6 +235,64 @@ def _csv(rows: Sequence[dict[str, Any]]) -> str:
 # -- the loop ----------------------------------------------------------------------------------------
 
 
+@dataclass
+class _Run:
+    """One training run: what it is built from, and the state a checkpoint holds (the rest)."""
+
+    config: RunConfig
+    ctx: DistContext
+    out_dir: Path
+    train_set: Dataset
+    test_set: Dataset
+    model: nn.Module
+    strategy: SyncStrategy
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    loss_fn: Callable[[Tensor, Tensor], Tensor]
+    steps_per_epoch: int
+    total_steps: int
+    eval_every: int
+    log_every: int
+    step: int = 0
+    elapsed: float = 0.0
+    window: list[float] = field(default_factory=lambda: [0.0, 0])  # loss sum, steps since the last log
+    non_comm: list[float] = field(default_factory=list)  # per step: this rank's time outside communication
+    train_rows: list[dict[str, Any]] = field(default_factory=list)
+    eval_rows: list[dict[str, Any]] = field(default_factory=list)
+    run_id: str | None = None
+    tracking_partial: bool = False  # a previous attempt lost its tracking mid-run
+    stopped: bool = False  # stop_at reached (a time-to-target run ends at that evaluation)
+
+    def checkpoint_state(self, tracking_partial: bool) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "strategy": self.strategy.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+            "elapsed": self.elapsed,
+            "window": self.window,
+            "non_comm": self.non_comm,
+            "train_rows": self.train_rows,
+            "eval_rows": self.eval_rows,
+            "mlflow_run_id": self.run_id,
+            "tracking_partial": tracking_partial,
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.strategy.load_state_dict(state["strategy"])
+        torch.set_rng_state(state["torch_rng"])
+        self.step, self.elapsed, self.window = state["step"], state["elapsed"], state["window"]
+        self.non_comm = state.get("non_comm", [])
+        self.train_rows, self.eval_rows = state["train_rows"], state["eval_rows"]
+        self.run_id = state["mlflow_run_id"]
+        self.tracking_partial = bool(state.get("tracking_partial", False))
+
+
 def train(
     config: RunConfig,
     out_dir: str | Path,
@@ -248,15 +306,57 @@ def train(
 ) -> dict[str, float]:
     """Train ``config`` on the ranks of the current process group; return the final metrics.
 
-    ``experiment`` names the MLflow experiment (None: no tracking). ``strategy`` defaults to data
-    parallelism through ``config``'s compressor.
+    ``experiment`` names the MLflow experiment (None: no tracking). ``strategy`` defaults to the
+    one ``config.strategy`` names (:func:`default_strategy`).
     """
-    out_dir = Path(out_dir)
     ctx = ctx or init_from_env(timeout_s=config.collective_timeout_s)
     if ctx.world_size != get_world_size():
         raise RuntimeError(
             f"process group has {get_world_size()} ranks but the context says {ctx.world_size}"
         )
+    run = _build_run(config, ctx, Path(out_dir), strategy)
+    checkpointer = Checkpointer(
+        run.out_dir / "ckpt",
+        config.fingerprint(),
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+        keep=config.keep_checkpoints,
+    )
+    resume_step = checkpointer.resume_step()  # verified on every rank
+    if resume_step is not None:
+        run.restore(checkpointer.load(resume_step))
+    all_tags = _run_tags(run, run_name, tags)
+    tracker = Tracker(
+        experiment or "", run_name, enabled=ctx.is_main and experiment is not None, run_id=run.run_id
+    )
+    tracker.partial = run.tracking_partial
+    if ctx.is_main:
+        tracker.start(_flat_params(config), all_tags)
+        run.run_id = tracker.run_id  # kept from the checkpoint when a resumed run cannot reach the server
+    barrier()  # rank 0's tracking set-up must not show up as the others' communication time
+    try:
+        _run_steps(run, checkpointer, tracker, callbacks)
+    except BaseException as error:
+        tracker.finish("FAILED")
+        if is_collective_timeout(error):
+            log.error(
+                "rank %d waited over collective_timeout_s = %g s for its peers at step %d, in %s: a rank "
+                "died, hung or was stopped. This rank exits; torchrun restarts the ranks (up to "
+                "max_restarts) and they resume from the last checkpoint",
+                ctx.rank,
+                config.collective_timeout_s,
+                run.step + 1,
+                _where(error),
+            )
+        raise
+    metrics = _final_metrics(run)
+    if ctx.is_main:
+        _write_outputs(run, metrics, tracker, all_tags, f"{experiment or ''} {run_name}", run_name)
+    return metrics
+
+
+def _build_run(config: RunConfig, ctx: DistContext, out_dir: Path, strategy: SyncStrategy | None) -> _Run:
+    """Data, model, strategy, optimizer and schedule of a fresh run (before any resume)."""
     train_set = load_dataset(
         config.dataset, "train", limit=config.train_limit, seq_len=config.seq_len, seed=config.seed
     )
@@ -270,16 +370,7 @@ def train(
     strategy = strategy or default_strategy(config)
     strategy.setup(model)
     optimizer = _optimizer(config, strategy.param_groups(model))
-    steps_per_epoch = len(
-        epoch_batches(
-            len(train_set),
-            config.batch_size,
-            rank=ctx.rank,
-            world_size=ctx.world_size,
-            seed=config.seed,
-            epoch=0,
-        )
-    )
+    steps_per_epoch = len(_epoch_batches(config, ctx, len(train_set), 0))
     if steps_per_epoch == 0:
         raise ValueError(
             f"{len(train_set)} training examples are fewer than world_size x batch_size = "
@@ -288,247 +379,230 @@ def train(
     total_steps = config.epochs * steps_per_epoch
     if config.max_steps is not None:
         total_steps = min(total_steps, config.max_steps)
-    eval_every = (
-        config.eval_every if config.num_evaluations is None else -(-total_steps // config.num_evaluations)
+    return _Run(
+        config=config,
+        ctx=ctx,
+        out_dir=out_dir,
+        train_set=train_set,
+        test_set=test_set,
+        model=model,
+        strategy=strategy,
+        optimizer=optimizer,
+        scheduler=torch.optim.lr_scheduler.LambdaLR(
+            optimizer, _schedule(config, total_steps, steps_per_epoch)
+        ),
+        loss_fn=_loss_fn(train_set.info.kind, config.label_smoothing),
+        steps_per_epoch=steps_per_epoch,
+        total_steps=total_steps,
+        eval_every=(
+            config.eval_every if config.num_evaluations is None else -(-total_steps // config.num_evaluations)
+        ),
+        log_every=config.log_every if config.num_logs is None else -(-total_steps // config.num_logs),
     )
-    log_every = config.log_every if config.num_logs is None else -(-total_steps // config.num_logs)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(config, total_steps, steps_per_epoch))
-    loss_fn = _loss_fn(train_set.info.kind, config.label_smoothing)
-    trainable = [p for p in model.parameters() if p.requires_grad]
 
-    # -- resume --------------------------------------------------------------------------------------
-    fingerprint = config.fingerprint()
-    checkpointer = Checkpointer(
-        out_dir / "ckpt", fingerprint, rank=ctx.rank, world_size=ctx.world_size, keep=config.keep_checkpoints
-    )
-    step, elapsed, window = 0, 0.0, [0.0, 0]
-    non_comm: list[float] = []  # per step: this rank's time outside communication
-    train_rows: list[dict[str, Any]] = []
-    eval_rows: list[dict[str, Any]] = []
-    run_id: str | None = None
-    tracking_partial = False  # a previous attempt lost its tracking mid-run
-    resume_step = checkpointer.resume_step()  # verified on every rank
-    if resume_step is not None:
-        state = checkpointer.load(resume_step)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        strategy.load_state_dict(state["strategy"])
-        torch.set_rng_state(state["torch_rng"])
-        step, elapsed, window = state["step"], state["elapsed"], state["window"]
-        non_comm = state.get("non_comm", [])
-        train_rows, eval_rows, run_id = state["train_rows"], state["eval_rows"], state["mlflow_run_id"]
-        tracking_partial = bool(state.get("tracking_partial", False))
 
-    tracker = Tracker(
-        experiment or "", run_name, enabled=ctx.is_main and experiment is not None, run_id=run_id
+def _epoch_batches(config: RunConfig, ctx: DistContext, num_examples: int, epoch: int) -> list[Tensor]:
+    """This rank's batches of ``epoch`` (the same split on every rank, seeded by the run)."""
+    return epoch_batches(
+        num_examples,
+        config.batch_size,
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+        seed=config.seed,
+        epoch=epoch,
     )
-    all_tags = {
+
+
+def _run_tags(run: _Run, run_name: str, tags: dict[str, str] | None) -> dict[str, str]:
+    return {
         "git_sha": git_sha(),
         "stage": run_name,
-        "world_size": str(ctx.world_size),
-        "backend": ctx.backend,
-        "device": str(ctx.device.type),
-        "fingerprint": fingerprint,
+        "world_size": str(run.ctx.world_size),
+        "backend": run.ctx.backend,
+        "device": str(run.ctx.device.type),
+        "fingerprint": run.config.fingerprint(),
         "network": os.environ.get("THINWIRE_NETWORK", "host"),
         **(tags or {}),
     }
-    tracker.partial = tracking_partial
-    if ctx.is_main:
-        tracker.start(_flat_params(config), all_tags)
-        run_id = tracker.run_id  # kept from the checkpoint when a resumed run cannot reach the server
-    barrier()  # rank 0's tracking set-up must not show up as the others' communication time
+
+
+def _run_steps(
+    run: _Run, checkpointer: Checkpointer, tracker: Tracker, callbacks: Sequence[Callback]
+) -> None:
+    """Every step from ``run.step`` on: train, log, evaluate, call back, checkpoint."""
+    config, ctx = run.config, run.ctx
 
     def checkpoint(complete: bool = False) -> None:
-        checkpointer.save(
-            step,
-            {
-                "step": step,
-                "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(),
-                "strategy": strategy.state_dict(),
-                "torch_rng": torch.get_rng_state(),
-                "elapsed": elapsed,
-                "window": window,
-                "non_comm": non_comm,
-                "train_rows": train_rows,
-                "eval_rows": eval_rows,
-                "mlflow_run_id": run_id,
-                "tracking_partial": tracker.partial,
-            },
-            complete=complete,
-        )
+        checkpointer.save(run.step, run.checkpoint_state(tracker.partial), complete=complete)
 
-    # -- steps ---------------------------------------------------------------------------------------
-    model.train()
-    stopped = False  # stop_at reached (a time-to-target run ends at that evaluation)
+    run.model.train()
     batches: list[Tensor] = []
     batches_epoch = -1
-    try:
-        while step < total_steps:
-            start = time.perf_counter()
-            comm_before = strategy.stats.seconds["communicate"]
-            epoch, index = divmod(step, steps_per_epoch)
-            if epoch != batches_epoch:
-                batches = epoch_batches(
-                    len(train_set),
-                    config.batch_size,
-                    rank=ctx.rank,
-                    world_size=ctx.world_size,
-                    seed=config.seed,
-                    epoch=epoch,
-                )
-                batches_epoch = epoch
-                if hasattr(train_set, "set_epoch"):  # augments as it decodes (ImageNet)
-                    train_set.set_epoch(epoch)
-            strategy.set_epoch(step / steps_per_epoch)  # e.g. DGC's warm-up densities
-            x, y = train_set.get_batch(batches[index])
-            x, y = x.to(ctx.device), y.to(ctx.device)
-            if config.augment != "none":
-                x = augment_batch(x, config.augment, augment_generator(config.seed, ctx.rank, step))
-            if config.channels_last and x.dim() == 4:
-                x = x.contiguous(memory_format=torch.channels_last)
-            optimizer.zero_grad(set_to_none=True)
-            with autocast(config, ctx.device):
-                loss = strategy.forward_backward(model, x, y, loss_fn)
-            if config.grad_clip_norm is not None:
-                torch.nn.utils.clip_grad_norm_(trainable, config.grad_clip_norm)
-            strategy.after_backward(model)
-            optimizer.step()
-            scheduler.step()
-            strategy.after_step(model)
-            step += 1
-            loss_value = float(loss)
-            if not math.isfinite(loss_value):
-                raise FloatingPointError(f"training loss became {loss_value} at step {step}: lower lr")
-            window[0] += loss_value
-            window[1] += 1
-            step_seconds = time.perf_counter() - start
-            elapsed += step_seconds
-            non_comm.append(step_seconds - (strategy.stats.seconds["communicate"] - comm_before))
-            logged: dict[str, float] = {}
-            if step % log_every == 0 or step == total_steps:
-                mean_loss = torch.tensor([window[0], float(window[1])], dtype=torch.float64)
-                if ctx.world_size > 1:
-                    dist.all_reduce(mean_loss)  # instrumentation: not counted in CommStats
-                window = [0.0, 0]
-                stats = strategy.stats.summary()
-                logged = {
-                    "train_loss": float(mean_loss[0] / mean_loss[1]),
-                    "lr": float(scheduler.get_last_lr()[0]),
-                    "bits_per_step": stats["bits_per_step"],
-                    "wall_seconds": elapsed,
-                    "communicate_seconds": stats["communicate_seconds"],
-                    **strategy.log_values(),
-                }
-                train_rows.append({"step": step, "epoch": epoch, **logged})
-                tracker.log_metrics(logged, step)
-            if step % eval_every == 0 or step == total_steps:
-                strategy.before_eval(model)
-                result = evaluate(model, test_set, ctx, batch_size=max(config.batch_size, 256), config=config)
-                if step == total_steps and ctx.is_main:
-                    # The model as evaluated (DEF's virtual iterate, gossip's average): what the
-                    # evaluate stage measures on the whole test split.
-                    out_dir.mkdir(parents=True, exist_ok=True)
-                    atomic_write(out_dir / MODEL_FILE, lambda p: torch.save(model.state_dict(), p))
-                strategy.after_eval(model)
-                # wall_seconds: training time so far (steps only, not evaluation): time-to-accuracy
-                eval_rows.append({"step": step, "epoch": epoch, "wall_seconds": elapsed, **result})
-                tracker.log_metrics(result, step)
-                logged.update(result)
-                stopped = stop_reached(config.stop_at, result)  # the same result on every rank
-            info = StepInfo(
-                step=step,
-                total_steps=total_steps,
-                epoch=epoch,
-                rank=ctx.rank,
-                loss=loss_value,
-                logged=logged,
-                last=step == total_steps or stopped,
-            )
-            for callback in callbacks:
-                callback(info)
-            if stopped:
-                log.info("step %d: %s reached stop_at %s; stopping", step, result, config.stop_at)
-                break
-            if step % config.checkpoint_every == 0 and step < total_steps:
-                checkpoint()
-        checkpoint(complete=True)
-    except BaseException as error:
-        tracker.finish("FAILED")
-        if is_collective_timeout(error):
-            log.error(
-                "rank %d waited over collective_timeout_s = %g s for its peers at step %d, in %s: a rank "
-                "died, hung or was stopped. This rank exits; torchrun restarts the ranks (up to "
-                "max_restarts) and they resume from the last checkpoint",
-                ctx.rank,
-                config.collective_timeout_s,
-                step + 1,
-                _where(error),
-            )
-        raise
+    while run.step < run.total_steps:
+        start = time.perf_counter()  # a step's time includes drawing its epoch's batches
+        epoch, index = divmod(run.step, run.steps_per_epoch)
+        if epoch != batches_epoch:
+            batches = _epoch_batches(config, ctx, len(run.train_set), epoch)
+            batches_epoch = epoch
+            if hasattr(run.train_set, "set_epoch"):  # augments as it decodes (ImageNet)
+                run.train_set.set_epoch(epoch)
+        loss_value = _train_step(run, batches[index], start)
+        logged: dict[str, float] = {}
+        if run.step % run.log_every == 0 or run.step == run.total_steps:
+            logged = _log_step(run, tracker, epoch)
+        if run.step % run.eval_every == 0 or run.step == run.total_steps:
+            logged.update(_evaluate_step(run, tracker, epoch))
+        info = StepInfo(
+            step=run.step,
+            total_steps=run.total_steps,
+            epoch=epoch,
+            rank=ctx.rank,
+            loss=loss_value,
+            logged=logged,
+            last=run.step == run.total_steps or run.stopped,
+        )
+        for callback in callbacks:
+            callback(info)
+        if run.stopped:
+            log.info("step %d: %s reached stop_at %s; stopping", run.step, run.eval_rows[-1], config.stop_at)
+            break
+        if run.step % config.checkpoint_every == 0 and run.step < run.total_steps:
+            checkpoint()
+    checkpoint(complete=True)
 
-    # -- outputs (rank 0) ----------------------------------------------------------------------------
-    stats = strategy.stats.summary()
+
+def _train_step(run: _Run, batch: Tensor, start: float) -> float:
+    """One step on the batch of indices ``batch`` (timed from ``start``); returns this rank's loss."""
+    config, ctx, strategy = run.config, run.ctx, run.strategy
+    comm_before = strategy.stats.seconds["communicate"]
+    strategy.set_epoch(run.step / run.steps_per_epoch)  # e.g. DGC's warm-up densities
+    x, y = run.train_set.get_batch(batch)
+    x, y = x.to(ctx.device), y.to(ctx.device)
+    if config.augment != "none":
+        x = augment_batch(x, config.augment, augment_generator(config.seed, ctx.rank, run.step))
+    if config.channels_last and x.dim() == 4:
+        x = x.contiguous(memory_format=torch.channels_last)
+    run.optimizer.zero_grad(set_to_none=True)
+    with autocast(config, ctx.device):
+        loss = strategy.forward_backward(run.model, x, y, run.loss_fn)
+    if config.grad_clip_norm is not None:
+        trainable = [p for p in run.model.parameters() if p.requires_grad]
+        torch.nn.utils.clip_grad_norm_(trainable, config.grad_clip_norm)
+    strategy.after_backward(run.model)
+    run.optimizer.step()
+    run.scheduler.step()
+    strategy.after_step(run.model)
+    run.step += 1
+    loss_value = float(loss)
+    if not math.isfinite(loss_value):
+        raise FloatingPointError(f"training loss became {loss_value} at step {run.step}: lower lr")
+    run.window[0] += loss_value
+    run.window[1] += 1
+    step_seconds = time.perf_counter() - start
+    run.elapsed += step_seconds
+    run.non_comm.append(step_seconds - (strategy.stats.seconds["communicate"] - comm_before))
+    return loss_value
+
+
+def _log_step(run: _Run, tracker: Tracker, epoch: int) -> dict[str, float]:
+    """The training curve's row: the mean loss over ranks since the last log, lr, bits, seconds."""
+    mean_loss = torch.tensor([run.window[0], float(run.window[1])], dtype=torch.float64)
+    if run.ctx.world_size > 1:
+        dist.all_reduce(mean_loss)  # instrumentation: not counted in CommStats
+    run.window = [0.0, 0]
+    stats = run.strategy.stats.summary()
+    logged = {
+        "train_loss": float(mean_loss[0] / mean_loss[1]),
+        "lr": float(run.scheduler.get_last_lr()[0]),
+        "bits_per_step": stats["bits_per_step"],
+        "wall_seconds": run.elapsed,
+        "communicate_seconds": stats["communicate_seconds"],
+        **run.strategy.log_values(),
+    }
+    run.train_rows.append({"step": run.step, "epoch": epoch, **logged})
+    tracker.log_metrics(logged, run.step)
+    return logged
+
+
+def _evaluate_step(run: _Run, tracker: Tracker, epoch: int) -> dict[str, float]:
+    """Evaluate the model as the strategy defines it (DEF's virtual iterate, gossip's average);
+    after the last step rank 0 also saves it (what the evaluate stage measures on the whole split)."""
+    config, ctx = run.config, run.ctx
+    with run.strategy.evaluating(run.model):
+        result = evaluate(run.model, run.test_set, ctx, batch_size=max(config.batch_size, 256), config=config)
+        if run.step == run.total_steps and ctx.is_main:
+            run.out_dir.mkdir(parents=True, exist_ok=True)
+            atomic_write(run.out_dir / MODEL_FILE, lambda p: torch.save(run.model.state_dict(), p))
+    # wall_seconds: training time so far (steps only, not evaluation): time-to-accuracy
+    run.eval_rows.append({"step": run.step, "epoch": epoch, "wall_seconds": run.elapsed, **result})
+    tracker.log_metrics(result, run.step)
+    run.stopped = stop_reached(config.stop_at, result)  # the same result on every rank
+    return result
+
+
+def _final_metrics(run: _Run) -> dict[str, float]:
+    """metrics.json: the last evaluation, the last logged loss, traffic and time."""
+    stats = run.strategy.stats.summary()
     # A synchronous step lasts as long as its slowest rank computes (the others wait inside the
     # collective): the sum over steps of the slowest rank's non-communication time is the compute a
     # cost model must add to the wire time. Ranks take turns being slow, so it exceeds every
     # rank's own total. Instrumentation: not counted as traffic.
-    per_rank = torch.tensor(non_comm, dtype=torch.float64)
-    if ctx.world_size > 1:
-        gathered = [torch.empty_like(per_rank) for _ in range(ctx.world_size)]
+    per_rank = torch.tensor(run.non_comm, dtype=torch.float64)
+    if run.ctx.world_size > 1:
+        gathered = [torch.empty_like(per_rank) for _ in range(run.ctx.world_size)]
         dist.all_gather(gathered, per_rank)
         per_rank = torch.stack(gathered).amax(0)
-    sync_compute = float(per_rank.sum())
-    final = eval_rows[-1]
     metrics: dict[str, float] = {
-        **{k: v for k, v in final.items() if k not in ("step", "epoch")},
-        "train_loss": train_rows[-1]["train_loss"],
-        "steps": float(step),
-        "epochs": float(config.epochs),
-        "world_size": float(ctx.world_size),
+        **{k: v for k, v in run.eval_rows[-1].items() if k not in ("step", "epoch")},
+        "train_loss": run.train_rows[-1]["train_loss"],
+        "steps": float(run.step),
+        "epochs": float(run.config.epochs),
+        "world_size": float(run.ctx.world_size),
         "bits_per_step": stats["bits_per_step"],
         "dense_bits_per_step": stats["dense_bits_per_step"],
         "compression_factor": stats["compression_factor"],
-        "wall_seconds": elapsed,
+        "wall_seconds": run.elapsed,
         "communicate_seconds": stats["communicate_seconds"],
         "compress_seconds": stats["compress_seconds"],
         "decompress_seconds": stats["decompress_seconds"],
-        "sync_compute_seconds": sync_compute,
-        **strategy.metrics(),
+        "sync_compute_seconds": float(per_rank.sum()),
+        **run.strategy.metrics(),
     }
-    if config.stop_at:  # 1: ended at its target (the steps ran are fewer than total_steps)
-        metrics["stopped_at_target"] = float(stopped)
-    if ctx.is_main:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(out_dir / "train_curve.csv", _csv(train_rows))
-        atomic_write_text(out_dir / "eval_curve.csv", _csv(eval_rows))
-        plot_curves(
-            {run_name: (train_rows, eval_rows)}, out_dir / "plot.png", title=f"{experiment or ''} {run_name}"
-        )
-        atomic_write_json(out_dir / "metrics.json", {k: _json_number(v) for k, v in metrics.items()})
-        run_info = {
-            "mlflow_run_id": run_id,
-            "git_sha": all_tags["git_sha"],
-            "fingerprint": fingerprint,
-            "config": config.to_dict(),
-            "network": os.environ.get("THINWIRE_NETWORK", "host"),
-            # op -> [calls, bytes] per step on rank 0: the traffic a cost model prices
-            "comm_ops_per_step": {k: list(v) for k, v in strategy.stats.ops_per_step().items()},
-            # tensors per transport route, where a method picks one (TernGrad: all-gather or int8)
-            "routes": dict(strategy.stats.routes),
-            # "complete", "partial" (the MLflow run has gaps: the server went away) or "off"
-            "tracking": tracker.state,
-        }
-        atomic_write_json(out_dir / "run.json", run_info)
-        tracker.log_metrics({f"final_{k}": v for k, v in metrics.items() if math.isfinite(v)}, step)
-        for name in ("metrics.json", "plot.png", "train_curve.csv", "eval_curve.csv", "run.json"):
-            tracker.log_artifact(out_dir / name)
-        tracker.finish("FINISHED")
-        if tracker.state != run_info["tracking"]:  # it broke while the outputs were logged
-            atomic_write_json(out_dir / "run.json", {**run_info, "tracking": tracker.state})
+    if run.config.stop_at:  # 1: ended at its target (the steps ran are fewer than total_steps)
+        metrics["stopped_at_target"] = float(run.stopped)
     return metrics
+
+
+def _write_outputs(
+    run: _Run, metrics: dict[str, float], tracker: Tracker, tags: dict[str, str], title: str, run_name: str
+) -> None:
+    """Rank 0's files (curves, plot, metrics.json, run.json), also logged to the tracker."""
+    out_dir = run.out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out_dir / "train_curve.csv", _csv(run.train_rows))
+    atomic_write_text(out_dir / "eval_curve.csv", _csv(run.eval_rows))
+    plot_curves({run_name: (run.train_rows, run.eval_rows)}, out_dir / "plot.png", title=title)
+    atomic_write_json(out_dir / "metrics.json", {k: _json_number(v) for k, v in metrics.items()})
+    run_info = {
+        "mlflow_run_id": run.run_id,
+        "git_sha": tags["git_sha"],
+        "fingerprint": run.config.fingerprint(),
+        "config": run.config.to_dict(),
+        "network": os.environ.get("THINWIRE_NETWORK", "host"),
+        # op -> [calls, bytes] per step on rank 0: the traffic a cost model prices
+        "comm_ops_per_step": {k: list(v) for k, v in run.strategy.stats.ops_per_step().items()},
+        # tensors per transport route, where a method picks one (TernGrad: all-gather or int8)
+        "routes": dict(run.strategy.stats.routes),
+        # "complete", "partial" (the MLflow run has gaps: the server went away) or "off"
+        "tracking": tracker.state,
+    }
+    atomic_write_json(out_dir / "run.json", run_info)
+    tracker.log_metrics({f"final_{k}": v for k, v in metrics.items() if math.isfinite(v)}, run.step)
+    for name in ("metrics.json", "plot.png", "train_curve.csv", "eval_curve.csv", "run.json"):
+        tracker.log_artifact(out_dir / name)
+    tracker.finish("FINISHED")
+    if tracker.state != run_info["tracking"]:  # it broke while the outputs were logged
+        atomic_write_json(out_dir / "run.json", {**run_info, "tracking": tracker.state})
 
 
 def _where(error: BaseException) -> str:

@@ -15,6 +15,7 @@ import yaml
 from common.paths import REPO_ROOT, data_root
 from tests.helpers.mlflow_store import fresh_store
 from tests.helpers.processes import run_group
+from tests.helpers.smoke_record import check_losses
 
 RUNS = ("fp32", "fp16", "topk1_ef")
 
@@ -122,3 +123,8 @@ def test_dvc_metrics_show_and_params_diff(smoke_repo):
         [*dvc, "status", "pipelines/baseline/dvc.yaml"], cwd=root, env=env, capture_output=True, text=True
     )
     assert "up to date" in status.stdout, status.stdout
+
+
+def test_smoke_losses_equal_the_record(smoke_repo):
+    """Training arithmetic unchanged by refactors: the logged losses are the recorded ones."""
+    check_losses("baseline", smoke_repo[0] / "results/baseline")

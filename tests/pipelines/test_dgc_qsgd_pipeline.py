@@ -12,6 +12,7 @@ import yaml
 from common.paths import REPO_ROOT
 from pipelines.common import load_params
 from pipelines.train import resolve_config
+from tests.helpers.smoke_record import check_losses
 from tests.pipelines.conftest import train_evaluate_report
 
 LADDER = "shakespeare_gd,shakespeare_mc,shakespeare_mask"
@@ -69,3 +70,8 @@ def test_every_run_composes_and_the_dvc_stages_list_every_run():
     stages = yaml.safe_load((REPO_ROOT / "pipelines" / "dgc_qsgd" / "dvc.yaml").read_text())["stages"]
     listed = [r for g in stages["train"]["foreach"].values() for r in g["runs"].split(",")]
     assert sorted(listed) == sorted(r for r in params["runs"] if not r.startswith("paper_"))
+
+
+def test_smoke_losses_equal_the_record(dgc_qsgd):
+    """Training arithmetic unchanged by refactors: the logged losses are the recorded ones."""
+    check_losses("dgc_qsgd", dgc_qsgd)

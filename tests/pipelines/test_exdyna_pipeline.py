@@ -15,6 +15,7 @@ from common.paths import REPO_ROOT
 from common.strategies.sparse import BAND, SCALE_UP
 from pipelines.common import load_params
 from pipelines.train import resolve_config
+from tests.helpers.smoke_record import check_losses
 from tests.pipelines.conftest import run_steps, tracking_env
 
 
@@ -99,3 +100,8 @@ def test_every_run_composes_and_the_dvc_stages_list_every_run():
     for world in (2, 4, 8):
         config = resolve_config("exdyna", f"shakespeare_exdyna_w{world}", "cpu")
         assert config.world_size * config.batch_size == 32
+
+
+def test_smoke_losses_equal_the_record(exdyna):
+    """Training arithmetic unchanged by refactors: the logged losses are the recorded ones."""
+    check_losses("exdyna", exdyna)

@@ -17,6 +17,7 @@ from pipelines.common import load_params
 from pipelines.train import resolve_config
 from tests.helpers.mlflow_store import fresh_store
 from tests.helpers.processes import run_group
+from tests.helpers.smoke_record import check_losses
 
 
 def test_one_launch_trains_vanilla_and_matcha_on_eight_ranks(tmp_path):
@@ -45,6 +46,7 @@ def test_one_launch_trains_vanilla_and_matcha_on_eight_ranks(tmp_path):
     with (runs / "mnist_er_matcha01" / "seed0" / "train_curve.csv").open() as f:
         rounds = [float(row["gossip_rounds"]) for row in csv.DictReader(f)]
     assert rounds == sorted(rounds) and rounds[-1] == pytest.approx(6 * matcha["gossip_rounds_per_step"])
+    check_losses("matcha", runs)  # training arithmetic unchanged by refactors
 
 
 def test_every_run_composes_and_the_dvc_stages_list_every_run():

@@ -12,6 +12,7 @@ import yaml
 from common.paths import REPO_ROOT
 from pipelines.common import load_params
 from pipelines.train import resolve_config
+from tests.helpers.smoke_record import check_losses
 from tests.pipelines.conftest import train_evaluate_report
 
 RUNS = ",".join(f"mnist_d16_{m}_{lr}" for m in ("ef", "def", "defa") for lr in ("lr04", "lr01"))
@@ -61,3 +62,8 @@ def test_every_run_composes_and_the_dvc_stages_list_every_run():
     stages = yaml.safe_load((REPO_ROOT / "pipelines" / "random_block" / "dvc.yaml").read_text())["stages"]
     listed = [r for g in stages["train"]["foreach"].values() for r in g.split(",")]
     assert sorted(listed) == sorted(r for r in params["runs"] if not r.startswith("paper_"))
+
+
+def test_smoke_losses_equal_the_record(random_block):
+    """Training arithmetic unchanged by refactors: the logged losses are the recorded ones."""
+    check_losses("random_block", random_block)

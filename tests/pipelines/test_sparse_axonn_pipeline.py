@@ -27,6 +27,7 @@ from papers.sparse_axonn.params import load_config
 from pipelines.common import load_params
 from tests.helpers.mlflow_store import fresh_store
 from tests.helpers.processes import run_group
+from tests.helpers.smoke_record import check_losses
 
 SMOKE_RUNS = ("dense_2x2", "sparse90_2x2", "sputnik90_2x2")
 
@@ -306,3 +307,8 @@ def test_every_run_composes_and_the_dvc_stages_list_every_run():
     train = text.split("  train:", 1)[1].split("    do:", 1)[0]
     listed = [line.strip()[2:] for line in train.splitlines() if line.strip().startswith("- ")]
     assert listed == list(params["runs"])
+
+
+def test_smoke_losses_equal_the_record(trained):
+    """Training arithmetic unchanged by refactors: the logged losses are the recorded ones."""
+    check_losses("sparse_axonn", trained)

@@ -11,6 +11,7 @@ import yaml
 from common.paths import REPO_ROOT
 from pipelines.common import load_params
 from pipelines.train import resolve_config
+from tests.helpers.smoke_record import check_losses
 from tests.pipelines.conftest import SUITE_RUNS
 
 RUNS = SUITE_RUNS
@@ -90,3 +91,8 @@ def test_every_run_composes_and_every_run_is_in_one_train_group():
         # 3 seeds for every claim under 2 points; fp32 always among them
         if group.endswith("_3"):
             assert spec["seeds"] == "0,1,2" and f"{group.removesuffix('_3')}_fp32" in spec["runs"].split(",")
+
+
+def test_smoke_losses_equal_the_record(suite):
+    """Training arithmetic unchanged by refactors: the logged losses are the recorded ones."""
+    check_losses("suite", suite / "runs")

@@ -11,6 +11,7 @@ import pytest
 
 from common.paths import REPO_ROOT
 from tests.helpers.processes import run_group
+from tests.helpers.smoke_record import check_losses
 from tests.pipelines.conftest import tracking_env, train_evaluate_report
 
 ABLATIONS = "mnist_noclip,mnist_noshare,mnist_clipown"
@@ -139,3 +140,8 @@ def test_from_names_a_real_run_and_never_loops(tmp_path, monkeypatch):
         common.run_values("x", "b")
     with pytest.raises(ValueError, match="from must be '<pipeline>/<run>'"):
         common.run_values("x", "c")
+
+
+def test_smoke_losses_equal_the_record(terngrad):
+    """Training arithmetic unchanged by refactors: the logged losses are the recorded ones."""
+    check_losses("terngrad", terngrad)
