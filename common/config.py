@@ -35,7 +35,8 @@ class RunConfig:
     # How a step communicates: a strategy's name (common.methods.STRATEGIES): "data_parallel"
     # (GradientSync of every gradient through the compressor), "dgc" (Deep Gradient Compression's
     # step), "def" (detached error feedback, DEF/DEF-A), "sparse" (one selector over the whole
-    # flattened gradient: ExDyna and its baselines) or "gossip" (MATCHA and its baselines);
+    # flattened gradient: ExDyna and its baselines), "gossip" (MATCHA and its baselines) or
+    # "compact" (sparse AxoNN's all-reduce and AdamW over the unpruned entries);
     # strategy_options are checked by the strategy's check_options, and the settings its
     # declarations rule out are errors naming them.
     strategy: str = "data_parallel"
@@ -223,9 +224,10 @@ class RunConfig:
                 f"strategy {name} {needs.own_exchange}: set compressor: identity and error_feedback: "
                 f"false (got {self.compressor!r}, error_feedback {self.error_feedback})"
             )
-        if needs.update == "own" and self.optimizer != "sgd":
+        if needs.update == "own" and self.optimizer != needs.run_optimizer:
             raise ValueError(
-                f"strategy {name} applies momentum SGD itself: optimizer must be sgd, got {self.optimizer!r}"
+                f"strategy {name} applies {needs.update_rule} itself: optimizer must be "
+                f"{needs.run_optimizer}, got {self.optimizer!r}"
             )
         if needs.memory == "own" and self.error_feedback:
             raise ValueError(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from .gossip import GossipStrategy
 from .strategies import (
+    CompactDataParallel,
     DataParallel,
     DetachedEFDataParallel,
     DGCDataParallel,
@@ -18,7 +19,14 @@ from .strategies import (
 
 STRATEGIES: dict[str, type[SyncStrategy]] = {
     cls.name: cls
-    for cls in (DataParallel, DGCDataParallel, DetachedEFDataParallel, SparseDataParallel, GossipStrategy)
+    for cls in (
+        DataParallel,
+        DGCDataParallel,
+        DetachedEFDataParallel,
+        SparseDataParallel,
+        GossipStrategy,
+        CompactDataParallel,
+    )
 }
 
 

@@ -5,9 +5,14 @@
         --options '{"density": 0.01}' --error-feedback
     torchrun --standalone --nproc_per_node 2 examples/ddp_hook_mnist.py --compressor qsgd \\
         --options '{"bits": 4}' --steps 200
+    torchrun --standalone --nproc_per_node 2 examples/ddp_hook_mnist.py --dgc-step \\
+        --options '{"density": 0.001}'
 
 Real MNIST (``../shared/data``, decoded once into the cache), a small CNN of the user's own, SGD
-with momentum; the one thinwire line is ``install_ddp_hook``. Prints test accuracy and the bits
+with momentum; the one thinwire line is ``install_ddp_hook``. With ``--dgc-step`` it is DGC's whole
+step instead (momentum correction, masking, local weight decay; ``--compressor`` is then DGC's
+sparsifier): ``DGCDataParallel(...).install(ddp_model, lr)`` registers the hook and returns the
+optimizer. Prints test accuracy and the bits
 the hook sent against fp32's. ``--checkpoint`` saves model, optimizer and hook state at the end
 and resumes from them when the file exists: the continued run equals an uninterrupted one bit
 for bit (the hook's random draws are keyed by parameter, not by DDP's bucket order).
@@ -24,8 +29,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from common.comm import install_ddp_hook
+from common.comm import GradientSync, install_ddp_hook
+from common.compressors import build_compressor
 from common.data import load_dataset
+from common.strategies import DGCDataParallel
 
 
 def small_cnn() -> nn.Module:
@@ -40,22 +47,35 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--compressor", default="terngrad", help="a thinwire compressor name")
+    parser.add_argument(
+        "--compressor", default=None, help="a thinwire compressor name (terngrad; dgc with --dgc-step)"
+    )
     parser.add_argument("--options", default="{}", help="its options as JSON, e.g. '{\"density\": 0.01}'")
     parser.add_argument("--error-feedback", action="store_true", help="keep what compression left out")
     parser.add_argument("--steps", type=int, default=100, help="training steps (batches of 64 per rank)")
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--checkpoint", default=None, help="save at the end; resume from it if it exists")
+    parser.add_argument("--dgc-step", action="store_true", help="DGC's step (momentum correction) in DDP")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")  # NCCL on GPUs
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     model = DistributedDataParallel(small_cnn())
-    sync = install_ddp_hook(
-        model, args.compressor, error_feedback=args.error_feedback, seed=0, **json.loads(args.options)
-    )
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    sync: DGCDataParallel | GradientSync
+    if args.dgc_step:
+        compressor = build_compressor(args.compressor or "dgc", **json.loads(args.options))
+        sync = DGCDataParallel(compressor, momentum=0.9, weight_decay=5e-4)
+        optimizer = sync.install(model, lr=args.lr)  # the hook, and SGD with DGC's local weight decay
+    else:
+        sync = install_ddp_hook(
+            model,
+            args.compressor or "terngrad",
+            error_feedback=args.error_feedback,
+            seed=0,
+            **json.loads(args.options),
+        )
+        optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     start = 0
     if args.checkpoint and Path(args.checkpoint).exists():
         state = torch.load(args.checkpoint, weights_only=False)
@@ -87,7 +107,7 @@ def main() -> None:
     summary = sync.stats.summary()
     if rank == 0:
         print(json.dumps({
-            "compressor": args.compressor, "steps": start + args.steps, "world_size": world,
+            "compressor": "dgc-step" if args.dgc_step else args.compressor or "terngrad", "steps": start + args.steps, "world_size": world,
             "test_accuracy": float(correct[0] / correct[1]),
             "bits_per_step": summary["bits_per_step"], "compression_factor": summary["compression_factor"],
         }))  # fmt: skip

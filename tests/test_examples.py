@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from common.paths import REPO_ROOT
@@ -32,3 +33,37 @@ def test_the_ddp_hook_example_trains_compressed_and_resumes_bit_exactly(tmp_path
     a, b = torch.load(straight, weights_only=False), torch.load(split, weights_only=False)
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     assert resumed["test_accuracy"] == whole["test_accuracy"]
+
+
+# DEF-A in the resume test below
+STRATEGY_METHODS = ("terngrad", "qsgd", "dgc", "def", "exdyna", "matcha", "sparse_axonn")
+
+
+@pytest.mark.parametrize("method", STRATEGY_METHODS)
+def test_every_method_trains_in_a_plain_loop(method):
+    result = _example("strategy_mnist.py", "--method", method, "--steps", "30")
+    assert result["method"] == method and result["steps"] == 30
+    assert result["test_accuracy"] > 0.3, result  # chance is 0.1
+    assert result["bits_per_step"] > 0
+    if method != "matcha":  # gossip sends whole models to its neighbours
+        assert result["compression_factor"] > 1.5, result
+
+
+def test_a_plain_loop_resumes_bit_exactly(tmp_path):
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    args = ["--method", "def_a", "--steps"]
+    _example("strategy_mnist.py", *args, "10", "--checkpoint", str(split))
+    resumed = _example("strategy_mnist.py", *args, "10", "--checkpoint", str(split))
+    whole = _example("strategy_mnist.py", *args, "20", "--checkpoint", str(straight))
+    assert resumed["steps"] == whole["steps"] == 20
+    for rank in (0, 1):
+        a = torch.load(f"{straight}.rank{rank}", weights_only=False)
+        b = torch.load(f"{split}.rank{rank}", weights_only=False)
+        assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    assert resumed["test_accuracy"] == whole["test_accuracy"]
+
+
+def test_dgc_runs_its_whole_step_inside_ddp():
+    result = _example("ddp_hook_mnist.py", "--dgc-step", "--options", '{"density": 0.01}', "--steps", "30")
+    assert result["compressor"] == "dgc-step"
+    assert result["test_accuracy"] > 0.3 and result["compression_factor"] > 10, result

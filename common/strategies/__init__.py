@@ -7,26 +7,33 @@
 - :class:`SparseDataParallel`: one selector over the whole flattened gradient with error feedback
   (ExDyna's exclusive dynamic partitions, top-k, DGC's threshold, a hard threshold, CLT-k);
 - :class:`DetachedEFDataParallel`: error feedback on the momentum update with a detached gradient
-  point (DEF, DEF-A; Xu & Huang 2022), classic EF at mu = 0.
+  point (DEF, DEF-A; Xu & Huang 2022), classic EF at mu = 0;
+- :class:`CompactDataParallel`: sparse AxoNN's all-reduce and AdamW over the unpruned entries of a
+  pruned model only (Singh & Bhatele 2023).
 """
 
-from .base import DataParallel, LossFn, SyncStrategy
+from .base import DataParallel, LossFn, MethodNeeds, SyncStrategy
+from .compact import COMPACT_OPTIONS, CompactDataParallel, check_compact_options
 from .detached import DEF_OPTIONS, DetachedEFDataParallel, check_def_options
 from .dgc import DGC_OPTIONS, DGCDataParallel, check_dgc_options
 from .sparse import SELECTORS, SPARSE_OPTIONS, Partitions, SparseDataParallel, check_sparse_options
 
 __all__ = [
+    "COMPACT_OPTIONS",
     "DEF_OPTIONS",
     "DGC_OPTIONS",
     "SELECTORS",
     "SPARSE_OPTIONS",
+    "CompactDataParallel",
     "DGCDataParallel",
     "DataParallel",
     "DetachedEFDataParallel",
     "LossFn",
+    "MethodNeeds",
     "Partitions",
     "SparseDataParallel",
     "SyncStrategy",
+    "check_compact_options",
     "check_def_options",
     "check_dgc_options",
     "check_sparse_options",

@@ -43,8 +43,9 @@ class MethodNeeds:
     ``compressor``: whether the run's ``compressor`` is what it sends (False: it has its own
     exchange, ``own_exchange`` says which; the run's compressor must stay identity).
     ``update``: ``"optimizer"`` (the optimizer applies the averaged gradient) or ``"own"`` (the
-    strategy applies momentum and weight decay itself, DGC's momentum correction, DEF's update:
-    the optimizer must be plain SGD, which only carries the scheduled learning rate).
+    strategy applies ``update_rule`` itself, DGC's momentum correction, DEF's update, sparse AxoNN's
+    compact AdamW: the run's optimizer must be ``run_optimizer``, which then only carries the
+    scheduled learning rate).
     ``memory``: ``"error_feedback"`` (the run's ``error_feedback`` decides), ``"own"`` (it keeps its
     own: momentum correction, a residual, ``own_memory`` says which; ``error_feedback`` must be
     false) or ``"none"``.
@@ -54,6 +55,8 @@ class MethodNeeds:
     compressor: bool = True
     own_exchange: str = ""
     update: str = "optimizer"
+    update_rule: str = "momentum SGD"
+    run_optimizer: str = "sgd"
     memory: str = "error_feedback"
     own_memory: str = ""
 

@@ -68,7 +68,7 @@ def test_gradient_sync_takes_the_route_the_compressor_declares(tmp_path):
 
 
 def test_every_strategy_is_registered_under_the_name_it_declares():
-    assert list(STRATEGIES) == ["data_parallel", "dgc", "def", "sparse", "gossip"]
+    assert list(STRATEGIES) == ["data_parallel", "dgc", "def", "sparse", "gossip", "compact"]
     for name, cls in STRATEGIES.items():
         assert cls.name == name and isinstance(cls.needs, MethodNeeds)
     with pytest.raises(ValueError, match="unknown strategy 'ddp'; valid: data_parallel, dgc, def"):
@@ -119,5 +119,7 @@ def test_a_strategy_with_its_own_exchange_refuses_a_compressor(monkeypatch):
         needs = MethodNeeds(compressor=False, own_exchange="sends its own thing", memory="none")
 
     monkeypatch.setitem(STRATEGIES, "own_exchange", Own)
-    with pytest.raises(ValueError, match="strategy own_exchange sends its own thing: set compressor: identity"):
+    with pytest.raises(
+        ValueError, match="strategy own_exchange sends its own thing: set compressor: identity"
+    ):
         RunConfig.from_dict({"strategy": "own_exchange", "compressor": "fp16"})

@@ -1,0 +1,149 @@
+"""Sparse AxoNN's data parallelism on a pruned model as a sync strategy (Singh & Bhatele, IPDPS 2023).
+
+With a static mask, identical on every rank (loaded from the prune stage's file, never recomputed
+per rank), each step packs the gradient entries of the unpruned weights into one compact vector of
+K entries, all-reduces it densely (no index crosses the wire), and applies AdamW to compact fp32
+master weights and moments (:class:`~common.compact.CompactAdamW`), which it writes back into the
+model at the kept positions: pruned weights stay exactly zero, and the optimizer state is 12 K
+bytes instead of 12 N. Bits on the wire per step: ``32 K`` instead of ``32 N``.
+
+The optimizer a run (or a user's :meth:`SyncStrategy.optimizer`) builds is plain AdamW over the
+strategy's one parameter group: it only carries the scheduled learning rate, which the compact
+AdamW reads each step, and sees no gradient (``p.grad`` is cleared after the compact step).
+Sparse AxoNN's inter-layer (pipeline) parallelism stays in its own pipeline
+(``papers/sparse_axonn/train.py``); this is its data-parallel part in any loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from torch import Tensor, nn
+
+from ..comm.collectives import get_world_size
+from ..comm.stats import CommStats
+from ..compact import CompactAdamW, MaskLayout, compact_all_reduce_
+from ..pruning import apply_masks, load_masks
+from ..registry import merge_options
+from .base import MethodNeeds, SyncStrategy, _broadcast_module_state
+
+if TYPE_CHECKING:
+    from ..config import RunConfig
+
+COMPACT_OPTIONS: dict[str, Any] = {
+    "masks": None,  # the prune stage's mask file (common.pruning.save_masks): required
+    "betas": [0.9, 0.999],
+    "eps": 1e-8,
+}
+_COMPACT = "it all-reduces the unpruned gradient entries only, densely, in one compact vector"
+
+
+def check_compact_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` over the defaults, validated (the file itself is read when the run starts)."""
+    merged = merge_options(options, COMPACT_OPTIONS, "compact")
+    if not isinstance(merged["masks"], str) or not merged["masks"]:
+        raise ValueError(
+            f"compact masks must name the prune stage's mask file (a path), got {merged['masks']!r}"
+        )
+    betas = merged["betas"]
+    if not isinstance(betas, list | tuple) or len(betas) != 2:
+        raise ValueError(f"compact betas must be a pair [beta1, beta2], got {betas!r}")
+    return merged
+
+
+class CompactDataParallel(SyncStrategy):
+    """Data parallelism over the unpruned entries only (module docstring).
+
+    ``masks``: parameter name -> bool tensor (``True`` = kept), the same on every rank; parameters
+    without a mask are dense. ``weight_decay``, ``betas``, ``eps``: the compact AdamW's. In a
+    user's loop::
+
+        strategy = CompactDataParallel(load_masks("masks.pt").masks, weight_decay=0.01)
+        optimizer = strategy.optimizer(model, torch.optim.AdamW, lr=1e-3)   # the lr it schedules
+        ...  loss.backward(); optimizer.step()
+    """
+
+    name = "compact"
+    needs = MethodNeeds(
+        compressor=False,
+        own_exchange=_COMPACT.removeprefix("it "),
+        update="own",
+        update_rule="AdamW on the unpruned entries",
+        run_optimizer="adamw",
+        memory="none",
+    )
+    ignores = (
+        ("transport", "auto", _COMPACT),
+        ("bucket_numel", None, _COMPACT),
+        ("compress_per_tensor", False, _COMPACT),
+    )
+
+    def __init__(
+        self,
+        masks: Mapping[str, Tensor],
+        *,
+        weight_decay: float = 0.01,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+    ) -> None:
+        self.masks = dict(masks)
+        self.weight_decay, self.betas, self.eps = weight_decay, (betas[0], betas[1]), eps
+        self.stats = CommStats()
+        self.layout: MaskLayout | None = None
+        self.adam: CompactAdamW | None = None
+        self._groups: list[dict[str, Any]] = []
+
+    @classmethod
+    def check_options(cls, options: dict[str, Any], world_size: int) -> dict[str, Any]:
+        return check_compact_options(options)
+
+    @classmethod
+    def from_config(cls, config: RunConfig) -> CompactDataParallel:
+        options = check_compact_options(config.strategy_options)
+        path = Path(options["masks"])
+        if not path.is_file():
+            raise FileNotFoundError(f"compact masks {path} does not exist: run the prune stage first")
+        betas = (float(options["betas"][0]), float(options["betas"][1]))
+        return cls(load_masks(path).masks, weight_decay=config.weight_decay, betas=betas, eps=options["eps"])
+
+    def setup(self, model: nn.Module) -> None:
+        _broadcast_module_state(model, "parameters")
+        _broadcast_module_state(model, "buffers")
+        apply_masks(model, self.masks)
+        self.layout = MaskLayout(model, self.masks)
+        self.layout.verify_across_ranks()  # set-up: 32 bytes a rank, not counted as training traffic
+        self.adam = CompactAdamW(
+            model, self.layout, lr=0.0, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay
+        )
+
+    def param_groups(self, model: nn.Module) -> list[dict[str, Any]]:
+        """One group for the optimizer's scheduled lr (no decay: the compact AdamW applies it)."""
+        self._groups = [{"params": [p for p in model.parameters() if p.requires_grad], "weight_decay": 0.0}]
+        return self._groups
+
+    def after_backward(self, model: nn.Module) -> None:
+        if self.layout is None or self.adam is None or not self._groups:
+            raise RuntimeError("setup() and param_groups() were not called: build the optimizer from them")
+        compact = self.layout.pack_grads(model)
+        compact_all_reduce_(compact, stats=self.stats)
+        if get_world_size() > 1:
+            self.stats.dense_bits += self.layout.numel * 32
+        self.stats.steps += 1
+        self.adam.lr = float(self._groups[0]["lr"])
+        self.adam.step(compact)
+        for p in self.layout.check_model(model):
+            p.grad = None  # the outer optimizer only schedules the lr
+
+    def metrics(self) -> dict[str, float]:
+        return {"density": self.layout.density if self.layout is not None else float("nan")}
+
+    def state_dict(self) -> dict[str, Any]:
+        assert self.adam is not None, "setup() first"
+        return {"adam": self.adam.state_dict(), "stats": self.stats.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        assert self.adam is not None, "setup() first"
+        self.adam.load_state_dict(state["adam"])
+        self.stats.load_state_dict(state["stats"])
