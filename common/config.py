@@ -112,88 +112,8 @@ class RunConfig:
         for f in dataclasses.fields(self):  # the numbers' checks below also say their range
             if f.name not in _RANGE_CHECKED:
                 check_type(f.name, getattr(self, f.name), _FIELD_TYPES[f.name])
-
-        def positive_int(name: str, allow_none: bool = False) -> None:
-            value = getattr(self, name)
-            if value is None and allow_none:
-                return
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(
-                    f"{name} must be a positive integer{' or null' if allow_none else ''}, got {value!r}"
-                )
-
-        for name in (
-            "batch_size",
-            "epochs",
-            "seq_len",
-            "eval_every",
-            "log_every",
-            "checkpoint_every",
-            "keep_checkpoints",
-            "world_size",
-        ):
-            positive_int(name)
-        for name in ("max_steps", "train_limit", "eval_limit", "bucket_numel", "num_evaluations", "num_logs"):
-            positive_int(name, allow_none=True)
-
-        def number(
-            name: str,
-            low: float,
-            high: float,
-            *,
-            low_open: bool = False,
-            high_open: bool = False,
-            allow_none: bool = False,
-        ) -> None:
-            value = getattr(self, name)
-            if value is None and allow_none:
-                return
-            ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-            if ok:
-                ok = (value > low if low_open else value >= low) and (
-                    value < high if high_open else value <= high
-                )
-            if not ok:
-                if math.isinf(high):
-                    allowed = f"a number {'>' if low_open else '>='} {low:g}"
-                else:
-                    allowed = (
-                        f"a number in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
-                    )
-                raise ValueError(f"{name} must be {allowed}{' or null' if allow_none else ''}, got {value!r}")
-
-        for name in ("error_feedback", "compress_per_tensor", "channels_last"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
-        for name, choices in (
-            ("optimizer", OPTIMIZERS),
-            ("augment", AUGMENTATIONS),
-            ("lr_schedule", LR_SCHEDULES),
-            ("precision", PRECISIONS),
-        ):
-            if getattr(self, name) not in choices:
-                raise ValueError(f"unknown {name} {getattr(self, name)!r}; valid: {', '.join(choices)}")
-        number("lr", 0, math.inf, low_open=True)
-        number("momentum", 0, 1, high_open=True)
-        number("weight_decay", 0, math.inf)
-        number("lr_decay", 0, 1, low_open=True)
-        number("lr_end_factor", 0, 1)
-        number("label_smoothing", 0, 1, high_open=True)
-        number("grad_clip_norm", 0, math.inf, low_open=True, allow_none=True)
-        number("collective_timeout_s", 0, math.inf, low_open=True)
-        for name in ("lr_warmup_steps", "max_restarts", "seed"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-        milestones = list(self.lr_milestones)
-        if any(
-            isinstance(m, bool) or not isinstance(m, int) or m < 1 for m in milestones
-        ) or milestones != sorted(set(milestones)):
-            raise ValueError(
-                f"lr_milestones must be increasing positive epochs (e.g. [30, 60, 80]), got {milestones!r}"
-            )
-        if milestones and self.lr_schedule != "step":
-            raise ValueError(f"lr_milestones {milestones} need lr_schedule: step, got {self.lr_schedule!r}")
+        self._check_numbers()
+        self._check_schedule()
         # Names are checked against the registries (each error lists the valid names).
         from .compressors import build_compressor
         from .data import DATASETS
@@ -211,6 +131,41 @@ class RunConfig:
             raise ValueError(
                 f"unknown transport {self.transport!r}; valid transports: {', '.join(TRANSPORTS)}"
             )
+
+    def _check_numbers(self) -> None:
+        """Counts, switches, choices and numbers against their ranges (:data:`_RANGES`)."""
+        for name in _POSITIVE_INTS:
+            _check_positive_int(name, getattr(self, name))
+        for name in _OPTIONAL_POSITIVE_INTS:
+            _check_positive_int(name, getattr(self, name), allow_none=True)
+        for name in ("error_feedback", "compress_per_tensor", "channels_last"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        for name, choices in (
+            ("optimizer", OPTIMIZERS),
+            ("augment", AUGMENTATIONS),
+            ("lr_schedule", LR_SCHEDULES),
+            ("precision", PRECISIONS),
+        ):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"unknown {name} {getattr(self, name)!r}; valid: {', '.join(choices)}")
+        for name, (low, high, low_open, high_open, allow_none) in _RANGES.items():
+            _check_number(name, getattr(self, name), low, high, low_open, high_open, allow_none)
+        for name in ("lr_warmup_steps", "max_restarts", "seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+
+    def _check_schedule(self) -> None:
+        milestones = list(self.lr_milestones)
+        if any(
+            isinstance(m, bool) or not isinstance(m, int) or m < 1 for m in milestones
+        ) or milestones != sorted(set(milestones)):
+            raise ValueError(
+                f"lr_milestones must be increasing positive epochs (e.g. [30, 60, 80]), got {milestones!r}"
+            )
+        if milestones and self.lr_schedule != "step":
+            raise ValueError(f"lr_milestones {milestones} need lr_schedule: step, got {self.lr_schedule!r}")
 
     def _check_strategy(self) -> None:
         """The strategy's options and what its declarations (``needs``, ``ignores``) rule out."""
@@ -259,6 +214,63 @@ class RunConfig:
         return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
+_POSITIVE_INTS = (
+    "batch_size",
+    "epochs",
+    "seq_len",
+    "eval_every",
+    "log_every",
+    "checkpoint_every",
+    "keep_checkpoints",
+    "world_size",
+)
+_OPTIONAL_POSITIVE_INTS = (
+    "max_steps",
+    "train_limit",
+    "eval_limit",
+    "bucket_numel",
+    "num_evaluations",
+    "num_logs",
+)
+# name -> (low, high, low open, high open, null allowed)
+_RANGES: dict[str, tuple[float, float, bool, bool, bool]] = {
+    "lr": (0, math.inf, True, False, False),
+    "momentum": (0, 1, False, True, False),
+    "weight_decay": (0, math.inf, False, False, False),
+    "lr_decay": (0, 1, True, False, False),
+    "lr_end_factor": (0, 1, False, False, False),
+    "label_smoothing": (0, 1, False, True, False),
+    "grad_clip_norm": (0, math.inf, True, False, True),
+    "collective_timeout_s": (0, math.inf, True, False, False),
+}
+
+
+def _check_positive_int(name: str, value: Any, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f"{name} must be a positive integer{' or null' if allow_none else ''}, got {value!r}"
+        )
+
+
+def _check_number(
+    name: str, value: Any, low: float, high: float, low_open: bool, high_open: bool, allow_none: bool
+) -> None:
+    """``value`` is a finite number in the interval (open or closed at each end), or null if allowed."""
+    if value is None and allow_none:
+        return
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if ok:
+        ok = (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
+    if not ok:
+        if math.isinf(high):
+            allowed = f"a number {'>' if low_open else '>='} {low:g}"
+        else:
+            allowed = f"a number in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+        raise ValueError(f"{name} must be {allowed}{' or null' if allow_none else ''}, got {value!r}")
+
+
 def _yaml(value: Any) -> str:
     """How params.yaml spells ``value`` (null, false, auto)."""
     return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
@@ -300,6 +312,8 @@ def _describe(kind: Any) -> str:
     args = typing.get_args(kind)
     if args and typing.get_origin(kind) not in (dict, tuple):
         return " or ".join(_describe(a) for a in args)
+    if typing.get_origin(kind) is tuple and args and args[0] is not int:
+        return {float: "a list of numbers", str: "a list of strings"}[args[0]]
     return names[typing.get_origin(kind) or kind]
 
 

@@ -17,7 +17,7 @@ favours the baseline; the realised rounds per step are logged). Momentum buffers
 the authors' code. Evaluation uses the average of the workers' models (and BatchNorm statistics),
 an all-reduce that is instrumentation, not counted.
 
-As a run's strategy (``strategy: gossip``), the options :data:`GOSSIP_OPTIONS` name the base graph
+As a run's strategy (``strategy: gossip``), the options (:class:`GossipOptions`) name the base graph
 on ``world_size`` nodes, the budget and the mode; rank 0 solves the plan (:func:`build_plan`) and
 broadcasts it, so every rank draws its flags from the very same probabilities.
 """
@@ -25,7 +25,9 @@ broadcasts it, so every rank draws its flags from the very same probabilities.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import networkx as nx
 import numpy as np
@@ -35,7 +37,7 @@ from torch import Tensor, nn
 
 from .comm.collectives import exchange, get_rank, get_world_size
 from .comm.stats import CommStats
-from .registry import merge_options
+from .options import Options
 from .strategies.base import MethodNeeds, SyncStrategy, _broadcast_module_state
 
 if TYPE_CHECKING:
@@ -58,17 +60,6 @@ GOSSIP_MODES = ("matcha", "vanilla", "periodic")
 GRAPHS = ("paper", "ring", "erdos_renyi", "geometric")
 _GOSSIP = "it exchanges whole models with its neighbours, point to point"
 
-#: ``strategy_options`` of ``strategy: gossip`` and their defaults.
-GOSSIP_OPTIONS: dict[str, Any] = {
-    "mode": "matcha",  # matcha | vanilla | periodic
-    "budget": 0.5,  # C_b in (0, 1]: expected active matchings per step / all matchings
-    "graph": "paper",  # paper (the official code's predefined graphs) | ring | erdos_renyi | geometric
-    "index": 0,  # graph: paper: which one (0: the 8-node Erdos-Renyi graph of Fig. 1(a))
-    "edge_prob": 0.4,  # graph: erdos_renyi
-    "radius": 0.5,  # graph: geometric (nodes uniform in the unit square)
-    "graph_seed": 0,  # erdos_renyi, geometric: the graph's own seed (not the run's)
-}
-
 
 def _check_number(name: str, value: object, low: float, high: float) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not low < value <= high:
@@ -76,65 +67,80 @@ def _check_number(name: str, value: object, low: float, high: float) -> float:
     return float(value)
 
 
-def check_gossip_options(options: dict[str, Any], world_size: int) -> dict[str, Any]:
-    """``options`` over the defaults, validated against ``world_size`` (the graph's node count)."""
-    merged = merge_options(options, GOSSIP_OPTIONS, "gossip")
-    if merged["mode"] not in GOSSIP_MODES:
-        raise ValueError(f"gossip mode must be one of {', '.join(GOSSIP_MODES)}, got {merged['mode']!r}")
-    try:
-        check_budget(merged["budget"])
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"gossip budget: {error}") from None
-    graph = merged["graph"]
-    if graph not in GRAPHS:
-        raise ValueError(f"gossip graph must be one of {', '.join(GRAPHS)}, got {graph!r}")
-    if graph == "paper":
-        index = merged["index"]
-        if isinstance(index, bool) or index not in PAPER_GRAPHS:
+@dataclass(frozen=True)
+class GossipOptions(Options):
+    """``strategy_options`` of ``strategy: gossip``; :func:`check_gossip_options` also checks them
+    against the world size (the graph's node count)."""
+
+    kind: ClassVar[str] = "gossip"
+    mode: str = "matcha"  # matcha | vanilla | periodic
+    budget: float = 0.5  # C_b in (0, 1]: expected active matchings per step / all matchings
+    graph: str = "paper"  # paper (the official code's predefined graphs) | ring | erdos_renyi | geometric
+    index: int = 0  # graph: paper: which one (0: the 8-node Erdos-Renyi graph of Fig. 1(a))
+    edge_prob: float = 0.4  # graph: erdos_renyi
+    radius: float = 0.5  # graph: geometric (nodes uniform in the unit square)
+    graph_seed: int = 0  # erdos_renyi, geometric: the graph's own seed (not the run's)
+
+    def __post_init__(self) -> None:
+        if self.mode not in GOSSIP_MODES:
+            raise ValueError(f"gossip mode must be one of {', '.join(GOSSIP_MODES)}, got {self.mode!r}")
+        try:
+            check_budget(self.budget)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"gossip budget: {error}") from None
+        if self.graph not in GRAPHS:
+            raise ValueError(f"gossip graph must be one of {', '.join(GRAPHS)}, got {self.graph!r}")
+        if self.graph == "paper" and (isinstance(self.index, bool) or self.index not in PAPER_GRAPHS):
             raise ValueError(
-                f"gossip index must be one of the paper's graphs {list(PAPER_GRAPHS)}, got {index!r}"
+                f"gossip index must be one of the paper's graphs {list(PAPER_GRAPHS)}, got {self.index!r}"
             )
-        nodes = paper_graph(index).number_of_nodes()
+        _check_number("edge_prob", self.edge_prob, 0.0, 1.0)
+        _check_number("radius", self.radius, 0.0, math.sqrt(2))
+        seed = self.graph_seed
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"gossip graph_seed must be an int >= 0, got {seed!r}")
+
+
+def check_gossip_options(options: Mapping[str, Any] | GossipOptions | None, world_size: int) -> GossipOptions:
+    """``options`` over the defaults, validated, and against ``world_size`` (the graph's node count)."""
+    merged = GossipOptions.from_mapping(options)
+    if merged.graph == "paper":
+        nodes = paper_graph(merged.index).number_of_nodes()
         if nodes != world_size:
             raise ValueError(
-                f"the paper's graph {index} has {nodes} nodes but world_size is {world_size}: "
+                f"the paper's graph {merged.index} has {nodes} nodes but world_size is {world_size}: "
                 f"set world_size: {nodes} or pick another graph"
             )
     if world_size < 2:
         raise ValueError(f"gossip needs at least 2 workers, got world_size {world_size}")
-    if graph == "ring" and world_size < 3:
+    if merged.graph == "ring" and world_size < 3:
         # found here, before any rank starts: rank 0 alone building it would leave the others
         # waiting for its plan
         raise ValueError(
             f"gossip graph ring needs world_size >= 3, got {world_size}: pick erdos_renyi or more workers"
         )
-    _check_number("edge_prob", merged["edge_prob"], 0.0, 1.0)
-    _check_number("radius", merged["radius"], 0.0, math.sqrt(2))
-    seed = merged["graph_seed"]
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"gossip graph_seed must be an int >= 0, got {seed!r}")
     return merged
 
 
 def base_graph(
-    options: dict[str, Any], world_size: int
+    options: Mapping[str, Any] | GossipOptions, world_size: int
 ) -> tuple[nx.Graph, list[list[tuple[int, int]]] | None]:
     """The base graph the options name, and the official matchings for a paper graph (else None)."""
     merged = check_gossip_options(options, world_size)
-    graph = merged["graph"]
+    graph = merged.graph
     if graph == "paper":
-        return paper_graph(merged["index"]), paper_matchings(merged["index"])
+        return paper_graph(merged.index), paper_matchings(merged.index)
     if graph == "ring":
         return ring(world_size), None
     if graph == "erdos_renyi":
-        return erdos_renyi(world_size, merged["edge_prob"], merged["graph_seed"]), None
-    return random_geometric(world_size, merged["radius"], merged["graph_seed"]), None
+        return erdos_renyi(world_size, merged.edge_prob, merged.graph_seed), None
+    return random_geometric(world_size, merged.radius, merged.graph_seed), None
 
 
-def build_plan(options: dict[str, Any], world_size: int) -> MatchaPlan:
+def build_plan(options: Mapping[str, Any] | GossipOptions, world_size: int) -> MatchaPlan:
     """The MATCHA plan (matchings, p, alpha, rho) of the options' graph at their budget."""
     graph, matchings = base_graph(options, world_size)
-    return plan(graph, check_gossip_options(options, world_size)["budget"], matchings)
+    return plan(graph, check_gossip_options(options, world_size).budget, matchings)
 
 
 def step_flags(plan: MatchaPlan, mode: str, step: int, seed: int) -> np.ndarray:
@@ -172,7 +178,7 @@ class GossipStrategy(SyncStrategy):
     )
 
     @classmethod
-    def check_options(cls, options: dict[str, Any], world_size: int) -> dict[str, Any]:
+    def check_options(cls, options: dict[str, Any], world_size: int) -> Options:
         return check_gossip_options(options, world_size)
 
     @classmethod
@@ -216,7 +222,7 @@ class GossipStrategy(SyncStrategy):
         if world > 1:
             dist.broadcast_object_list(holder, src=0)  # set-up, not training traffic: not counted
         assert holder[0] is not None
-        return cls(holder[0], mode=merged["mode"], seed=seed)
+        return cls(holder[0], mode=merged.mode, seed=seed)
 
     def after_step(self, model: nn.Module) -> None:
         flags = step_flags(self.plan, self.mode, self.steps, self.seed)
@@ -283,8 +289,8 @@ class GossipStrategy(SyncStrategy):
 
 __all__ = [
     "GOSSIP_MODES",
-    "GOSSIP_OPTIONS",
     "GRAPHS",
+    "GossipOptions",
     "GossipStrategy",
     "base_graph",
     "build_plan",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import cast
 
 import torch
@@ -62,6 +62,27 @@ class _Reduction:
                 self.tensors, self.buffer.split([t.numel() for t in self.tensors]), strict=True
             ):
                 tensor.copy_(part)
+
+
+@dataclass
+class _ScaledStep:
+    """One bucket on the scaled-codes route between encoding and decoding (unit i: ``units[i]``)."""
+
+    units: list[tuple[list[str], Tensor, list[int]]]
+    compensated: list[Tensor]
+    dense: list[bool]  # sent uncompressed (the compressor keeps it in fp32)
+    ternary: list[int]  # the encoded units, in order; scalers[j] belongs to units[ternary[j]]
+    scalers: Tensor
+    payloads: dict[int, Payload] = field(default_factory=dict)
+    sent: dict[int, Tensor] = field(default_factory=dict)  # what each unit contributes, decoded locally
+    summed: list[int] = field(default_factory=list)  # encoded units whose codes are all-reduced
+    code_sum: Tensor | None = None
+    dense_sum: Tensor | None = None
+    gathered: dict[int, list[Payload]] = field(default_factory=dict)
+
+    @property
+    def dense_ids(self) -> list[int]:
+        return [i for i, d in enumerate(self.dense) if d]
 
 
 class GradientSync:
@@ -373,92 +394,103 @@ class GradientSync:
         per tensor all-gather the packed codes or all-reduce int8 code sums (which one is counted
         in ``stats.routes``); tensors the compressor keeps in fp32 (``needs.dense_tensors``) are
         all-reduced densely. Returns the mean over ranks and updates the residuals."""
-        compressor = cast(ScaledCodes, self.compressor)
-        needs = self.compressor.needs
-        world = get_world_size(self.group)
-        device = flat.device
-        ef = self.error_feedback
         if self.param_names:  # the DDP hook sees one bucket at a time: check against the module
             self._check_fp32_layers(list(self.param_names.values()))
-        units = self._units(names, flat, sizes)
-        keep_fp32 = self.compressor.keeps_fp32
+        step = self._encode_scaled(self._units(names, flat, sizes), flat.device)
+        with self.stats.phase("communicate", flat.device):
+            if step.code_sum is not None:
+                all_reduce_sum_(step.code_sum, stats=self.stats, group=self.group)
+            if step.dense_sum is not None:
+                all_reduce_sum_(step.dense_sum, stats=self.stats, group=self.group)
+            gathered_units = [i for i in step.ternary if i not in step.summed]
+            if gathered_units:
+                steps = [_Step([], [], flat, flat, step.payloads[i], None) for i in gathered_units]
+                for i, g in zip(gathered_units, self._all_gather_payloads(steps), strict=True):
+                    step.gathered[i] = g
+        with self.stats.phase("decompress", flat.device):
+            means = self._decode_scaled(step)
+        return means[0] if len(means) == 1 else torch.cat(means)
+
+    def _encode_scaled(
+        self, units: list[tuple[list[str], Tensor, list[int]]], device: torch.device
+    ) -> _ScaledStep:
+        """Compensate, agree on the scalers (``scaler_round``), encode, and lay out what is summed."""
+        compressor = cast(ScaledCodes, self.compressor)
+        ef, world = self.error_feedback, get_world_size(self.group)
         with self.stats.phase("compress", device):
             compensated = [ef.compensate(n, f, z) if ef is not None else f for n, f, z in units]
-            dense = [all(keep_fp32(n, z) for n, z in zip(u[0], u[2], strict=True)) for u in units]
+            dense = [
+                all(self.compressor.keeps_fp32(n, z) for n, z in zip(u[0], u[2], strict=True)) for u in units
+            ]
             ternary = [i for i, d in enumerate(dense) if not d]
             scalers = (
                 torch.stack([compressor.scaler(compensated[i]) for i in ternary])
                 if ternary
                 else torch.zeros(0, device=device)
             )
-        shared = needs.scaler_round == "max"
+        shared = self.compressor.needs.scaler_round == "max"
         if ternary and shared:
             with self.stats.phase("communicate", device):
                 all_reduce_max_(scalers, stats=self.stats, group=self.group)
         route = self._code_route(world)
-        code_dtype = torch.int8 if world <= 127 else torch.int16
-        payloads: dict[int, Payload] = {}
-        sent: list[Tensor | None] = [None] * len(units)
+        step = _ScaledStep(units, compensated, dense, ternary, scalers)
         with self.stats.phase("compress", device):
             for j, i in enumerate(ternary):
-                payloads[i] = compressor.compress(
+                step.payloads[i] = compressor.compress(
                     compensated[i], self.unit_rng(units[i][0], device), scaler=scalers[j] if shared else None
                 )
                 if ef is not None:
-                    sent[i] = self.compressor.decompress(payloads[i])
+                    step.sent[i] = self.compressor.decompress(step.payloads[i])
             for i in range(len(units)):
                 if dense[i]:
-                    sent[i] = compensated[i]
+                    step.sent[i] = compensated[i]
                     self.stats.routes["fp32-allreduce"] += 1
                 else:
                     self.stats.routes[
                         f"{compressor.name}-{'int8-allreduce' if route == 'allreduce' else 'allgather'}"
                     ] += 1
-            summed = [i for i in ternary if route == "allreduce"]
-            gathered_units = [i for i in ternary if route != "allreduce"]
-            code_sum = (
-                torch.cat([compressor.codes(payloads[i]).to(code_dtype) for i in summed]) if summed else None
-            )
-            dense_ids = [i for i, d in enumerate(dense) if d]
-            dense_sum = (
-                torch.cat([compensated[i].reshape(-1).float() for i in dense_ids]) if dense_ids else None
-            )
-        gathered: dict[int, list[Payload]] = {}
-        with self.stats.phase("communicate", device):
-            if code_sum is not None:
-                all_reduce_sum_(code_sum, stats=self.stats, group=self.group)
-            if dense_sum is not None:
-                all_reduce_sum_(dense_sum, stats=self.stats, group=self.group)
-            if gathered_units:
-                steps = [_Step([], [], flat, flat, payloads[i], None) for i in gathered_units]
-                for i, g in zip(gathered_units, self._all_gather_payloads(steps), strict=True):
-                    gathered[i] = g
-        means: list[Tensor] = []
+            step.summed = [i for i in ternary if route == "allreduce"]
+            code_dtype = torch.int8 if world <= 127 else torch.int16
+            if step.summed:
+                step.code_sum = torch.cat(
+                    [compressor.codes(step.payloads[i]).to(code_dtype) for i in step.summed]
+                )
+            if step.dense_ids:
+                step.dense_sum = torch.cat([compensated[i].reshape(-1).float() for i in step.dense_ids])
+        return step
+
+    def _decode_scaled(self, step: _ScaledStep) -> list[Tensor]:
+        """Each unit's mean over ranks (dense sum, gathered payloads or decoded code sum); the
+        residuals updated."""
+        compressor = cast(ScaledCodes, self.compressor)
+        ef, world = self.error_feedback, get_world_size(self.group)
         code_parts = iter(
-            code_sum.split([units[i][1].numel() for i in summed]) if code_sum is not None else []
+            step.code_sum.split([step.units[i][1].numel() for i in step.summed])
+            if step.code_sum is not None
+            else []
         )
         dense_parts = iter(
-            dense_sum.split([units[i][1].numel() for i in dense_ids]) if dense_sum is not None else []
+            step.dense_sum.split([step.units[i][1].numel() for i in step.dense_ids])
+            if step.dense_sum is not None
+            else []
         )
-        with self.stats.phase("decompress", device):
-            for i, (unit_names, unit_flat, unit_sizes) in enumerate(units):
-                if dense[i]:
-                    total = next(dense_parts)
-                elif i in gathered:
-                    total = self.compressor.aggregate(gathered[i])
-                else:
-                    j = ternary.index(i)
-                    total = compressor.decode_sum(
-                        next(code_parts), scalers[j], unit_flat.shape, torch.float32
-                    )
-                means.append(total.reshape(-1).to(unit_flat.dtype).div_(world))
-                if ef is not None:
-                    sent_i = sent[i]
-                    assert sent_i is not None
-                    ef.update(unit_names, compensated[i], sent_i.reshape(-1), unit_sizes)
-                if world > 1:
-                    self.stats.dense_bits += unit_flat.numel() * 32
-        return means[0] if len(means) == 1 else torch.cat(means)
+        means: list[Tensor] = []
+        for i, (unit_names, unit_flat, unit_sizes) in enumerate(step.units):
+            if step.dense[i]:
+                total = next(dense_parts)
+            elif i in step.gathered:
+                total = self.compressor.aggregate(step.gathered[i])
+            else:
+                j = step.ternary.index(i)
+                total = compressor.decode_sum(
+                    next(code_parts), step.scalers[j], unit_flat.shape, torch.float32
+                )
+            means.append(total.reshape(-1).to(unit_flat.dtype).div_(world))
+            if ef is not None:
+                ef.update(unit_names, step.compensated[i], step.sent[i].reshape(-1), unit_sizes)
+            if world > 1:
+                self.stats.dense_bits += unit_flat.numel() * 32
+        return means
 
     # -- checkpointing ----------------------------------------------------------------------------
 

@@ -13,25 +13,25 @@
 """
 
 from .base import DataParallel, LossFn, MethodNeeds, SyncStrategy
-from .compact import COMPACT_OPTIONS, CompactDataParallel, check_compact_options
-from .detached import DEF_OPTIONS, DetachedEFDataParallel, check_def_options
-from .dgc import DGC_OPTIONS, DGCDataParallel, check_dgc_options
-from .sparse import SELECTORS, SPARSE_OPTIONS, Partitions, SparseDataParallel, check_sparse_options
+from .compact import CompactDataParallel, CompactOptions, check_compact_options
+from .detached import DEFOptions, DetachedEFDataParallel, check_def_options
+from .dgc import DGCDataParallel, DGCOptions, check_dgc_options
+from .sparse import SELECTORS, Partitions, SparseDataParallel, SparseOptions, check_sparse_options
 
 __all__ = [
-    "COMPACT_OPTIONS",
-    "DEF_OPTIONS",
-    "DGC_OPTIONS",
     "SELECTORS",
-    "SPARSE_OPTIONS",
     "CompactDataParallel",
+    "CompactOptions",
+    "DEFOptions",
     "DGCDataParallel",
+    "DGCOptions",
     "DataParallel",
     "DetachedEFDataParallel",
     "LossFn",
     "MethodNeeds",
     "Partitions",
     "SparseDataParallel",
+    "SparseOptions",
     "SyncStrategy",
     "check_compact_options",
     "check_def_options",

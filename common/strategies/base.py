@@ -21,6 +21,7 @@ from ..comm.collectives import get_world_size
 from ..comm.stats import CommStats
 from ..comm.sync import GradientSync
 from ..compressors import build_compressor
+from ..options import Options
 
 if TYPE_CHECKING:
     from ..config import RunConfig
@@ -87,12 +88,12 @@ class SyncStrategy:
         self.stats = CommStats()
 
     @classmethod
-    def check_options(cls, options: dict[str, Any], world_size: int) -> dict[str, Any]:
-        """``options`` over the defaults, validated (the values the strategy will use); the base
-        takes none."""
+    def check_options(cls, options: dict[str, Any], world_size: int) -> Options:
+        """``options`` over the defaults, validated: the typed options the strategy will use
+        (:class:`common.options.Options`); the base takes none."""
         if options:
             raise ValueError(f"strategy {cls.name!r} takes no strategy_options, got {options!r}")
-        return {}
+        return Options()
 
     @classmethod
     def from_config(cls, config: RunConfig) -> SyncStrategy:
@@ -185,6 +186,19 @@ class SyncStrategy:
             yield model
         finally:
             self.after_eval(model)
+
+
+def compressed_update_arguments(config: RunConfig) -> dict[str, Any]:
+    """The constructor arguments of a strategy that applies momentum SGD itself around the run's
+    compressor (DGC, DEF): the same constructor shape for both."""
+    return {
+        "compressor": build_compressor(config.compressor, **config.compressor_options),
+        "momentum": config.momentum,
+        "weight_decay": config.weight_decay,
+        "options": config.strategy_options,
+        "bucket_numel": config.bucket_numel,
+        "seed": config.seed,
+    }
 
 
 def _broadcast_module_state(model: nn.Module, tensors: str) -> None:

@@ -17,40 +17,46 @@ Sparse AxoNN's inter-layer (pipeline) parallelism stays in its own pipeline
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from torch import Tensor, nn
 
 from ..comm.collectives import get_world_size
 from ..comm.stats import CommStats
 from ..compact import CompactAdamW, MaskLayout, compact_all_reduce_
+from ..options import Options
 from ..pruning import apply_masks, load_masks
-from ..registry import merge_options
 from .base import MethodNeeds, SyncStrategy, _broadcast_module_state
 
 if TYPE_CHECKING:
     from ..config import RunConfig
 
-COMPACT_OPTIONS: dict[str, Any] = {
-    "masks": None,  # the prune stage's mask file (common.pruning.save_masks): required
-    "betas": [0.9, 0.999],
-    "eps": 1e-8,
-}
 _COMPACT = "it all-reduces the unpruned gradient entries only, densely, in one compact vector"
 
 
-def check_compact_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    """``options`` over the defaults, validated (the file itself is read when the run starts)."""
-    merged = merge_options(options, COMPACT_OPTIONS, "compact")
-    if not isinstance(merged["masks"], str) or not merged["masks"]:
-        raise ValueError(
-            f"compact masks must name the prune stage's mask file (a path), got {merged['masks']!r}"
-        )
-    betas = merged["betas"]
-    if not isinstance(betas, list | tuple) or len(betas) != 2:
-        raise ValueError(f"compact betas must be a pair [beta1, beta2], got {betas!r}")
-    return merged
+@dataclass(frozen=True)
+class CompactOptions(Options):
+    """``strategy_options`` of ``strategy: compact`` (the file itself is read when the run starts)."""
+
+    kind: ClassVar[str] = "compact"
+    masks: str | None = None  # the prune stage's mask file (common.pruning.save_masks): required
+    betas: tuple[float, ...] = (0.9, 0.999)
+    eps: float = 1e-8
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.masks, str) or not self.masks:
+            raise ValueError(
+                f"compact masks must name the prune stage's mask file (a path), got {self.masks!r}"
+            )
+        if not isinstance(self.betas, list | tuple) or len(self.betas) != 2:
+            raise ValueError(f"compact betas must be a pair [beta1, beta2], got {self.betas!r}")
+
+
+def check_compact_options(options: Mapping[str, Any] | CompactOptions | None) -> CompactOptions:
+    """``options`` over the defaults, validated."""
+    return CompactOptions.from_mapping(options)
 
 
 class CompactDataParallel(SyncStrategy):
@@ -96,17 +102,18 @@ class CompactDataParallel(SyncStrategy):
         self._groups: list[dict[str, Any]] = []
 
     @classmethod
-    def check_options(cls, options: dict[str, Any], world_size: int) -> dict[str, Any]:
+    def check_options(cls, options: dict[str, Any], world_size: int) -> Options:
         return check_compact_options(options)
 
     @classmethod
     def from_config(cls, config: RunConfig) -> CompactDataParallel:
         options = check_compact_options(config.strategy_options)
-        path = Path(options["masks"])
+        assert options.masks is not None  # checked
+        path = Path(options.masks)
         if not path.is_file():
             raise FileNotFoundError(f"compact masks {path} does not exist: run the prune stage first")
-        betas = (float(options["betas"][0]), float(options["betas"][1]))
-        return cls(load_masks(path).masks, weight_decay=config.weight_decay, betas=betas, eps=options["eps"])
+        betas = (float(options.betas[0]), float(options.betas[1]))
+        return cls(load_masks(path).masks, weight_decay=config.weight_decay, betas=betas, eps=options.eps)
 
     def setup(self, model: nn.Module) -> None:
         _broadcast_module_state(model, "parameters")

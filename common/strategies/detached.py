@@ -26,7 +26,9 @@ their gradient points, are pulled together. Its traffic is counted like the rest
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -35,43 +37,48 @@ from torch import Tensor, nn
 from ..comm.collectives import get_world_size
 from ..comm.stats import CommStats
 from ..comm.sync import GradientSync
-from ..compressors import build_compressor
 from ..compressors.base import Compressor
 from ..compressors.random_block import RandomBlock
 from ..feedback import ErrorFeedback
-from ..registry import merge_options
-from .base import MethodNeeds, SyncStrategy, _broadcast_module_state
+from ..options import Options
+from .base import MethodNeeds, SyncStrategy, _broadcast_module_state, compressed_update_arguments
 
 if TYPE_CHECKING:
     from ..config import RunConfig
 
-DEF_OPTIONS: dict[str, Any] = {
-    "feedback": True,  # keep what the compressor leaves out (false: drop it, e = 0)
-    "mu": 0.3,  # gradient at x - mu e: 0 classic error feedback, 1 SAEF, the paper's scripts 0.3
-    "average_every": None,  # DEF-A (the authors' code): average errors and momentum every T steps
-    "eval_at": "virtual",  # evaluate x - mean(e) ("virtual", the code's swap) or x ("global")
-}
 EVAL_POINTS = ("virtual", "global")
 
 
-def check_def_options(options: dict[str, Any]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class DEFOptions(Options):
+    """``strategy_options`` of ``strategy: def``."""
+
+    kind: ClassVar[str] = "def"
+    feedback: bool = True  # keep what the compressor leaves out (false: drop it, e = 0)
+    mu: float = 0.3  # gradient at x - mu e: 0 classic error feedback, 1 SAEF, the paper's scripts 0.3
+    average_every: int | None = None  # DEF-A (the authors' code): average errors and momentum every T steps
+    eval_at: str = "virtual"  # evaluate x - mean(e) ("virtual", the code's swap) or x ("global")
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.feedback, bool):
+            raise ValueError(f"def feedback must be true or false, got {self.feedback!r}")
+        mu = self.mu
+        if isinstance(mu, bool) or not isinstance(mu, int | float) or not 0.0 <= mu <= 1.0:
+            raise ValueError(
+                f"def mu must be a number in [0, 1] (0: classic error feedback, 1: SAEF), got {mu!r}"
+            )
+        every = self.average_every
+        if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
+            raise ValueError(f"def average_every must be an int >= 1 (steps) or null, got {every!r}")
+        if every is not None and not self.feedback:
+            raise ValueError("def average_every (DEF-A) averages the errors: it needs feedback: true")
+        if self.eval_at not in EVAL_POINTS:
+            raise ValueError(f"def eval_at must be one of {', '.join(EVAL_POINTS)}, got {self.eval_at!r}")
+
+
+def check_def_options(options: Mapping[str, Any] | DEFOptions | None) -> DEFOptions:
     """``options`` over the defaults, validated (the values the strategy will use)."""
-    merged = merge_options(options, DEF_OPTIONS, "def")
-    if not isinstance(merged["feedback"], bool):
-        raise ValueError(f"def feedback must be true or false, got {merged['feedback']!r}")
-    mu = merged["mu"]
-    if isinstance(mu, bool) or not isinstance(mu, int | float) or not 0.0 <= mu <= 1.0:
-        raise ValueError(
-            f"def mu must be a number in [0, 1] (0: classic error feedback, 1: SAEF), got {mu!r}"
-        )
-    every = merged["average_every"]
-    if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
-        raise ValueError(f"def average_every must be an int >= 1 (steps) or null, got {every!r}")
-    if every is not None and not merged["feedback"]:
-        raise ValueError("def average_every (DEF-A) averages the errors: it needs feedback: true")
-    if merged["eval_at"] not in EVAL_POINTS:
-        raise ValueError(f"def eval_at must be one of {', '.join(EVAL_POINTS)}, got {merged['eval_at']!r}")
-    return merged
+    return DEFOptions.from_mapping(options)
 
 
 class DetachedEFDataParallel(SyncStrategy):
@@ -91,19 +98,12 @@ class DetachedEFDataParallel(SyncStrategy):
     ignores = (("transport", "auto", "DEF all-reduces its shared-index blocks"),)
 
     @classmethod
-    def check_options(cls, options: dict[str, Any], world_size: int) -> dict[str, Any]:
+    def check_options(cls, options: dict[str, Any], world_size: int) -> Options:
         return check_def_options(options)
 
     @classmethod
     def from_config(cls, config: RunConfig) -> DetachedEFDataParallel:
-        return cls(
-            build_compressor(config.compressor, **config.compressor_options),
-            momentum=config.momentum,
-            weight_decay=config.weight_decay,
-            options=config.strategy_options,
-            bucket_numel=config.bucket_numel,
-            seed=config.seed,
-        )
+        return cls(**compressed_update_arguments(config))
 
     def __init__(
         self,
@@ -111,25 +111,25 @@ class DetachedEFDataParallel(SyncStrategy):
         *,
         momentum: float,
         weight_decay: float,
-        options: dict[str, Any] | None = None,
+        options: Mapping[str, Any] | DEFOptions | None = None,
         bucket_numel: int | None = None,
         seed: int = 0,
     ) -> None:
-        self.options = check_def_options(options or {})
+        self.options = check_def_options(options)
         self.momentum = float(momentum)
         self.weight_decay = float(weight_decay)
-        self.mu = float(self.options["mu"]) if self.options["feedback"] else 0.0
+        self.mu = float(self.options.mu) if self.options.feedback else 0.0
         self.stats = CommStats()
         self.sync = GradientSync(
             compressor,
-            error_feedback=bool(self.options["feedback"]),
+            error_feedback=bool(self.options.feedback),
             bucket_numel=bucket_numel,
             compress_per_tensor=True,
             seed=seed,
             stats=self.stats,
         )
         self.averager: GradientSync | None = None
-        if self.options["average_every"] is not None:
+        if self.options.average_every is not None:
             density = compressor.density
             if density is None:
                 raise ValueError(
@@ -193,7 +193,7 @@ class DetachedEFDataParallel(SyncStrategy):
                 p.grad = None  # the optimizer must not move the parameter again
         self.sync.sync(updates)  # in place: each update becomes the average of C(e + lr m)
         self.steps += 1
-        every = self.options["average_every"]
+        every = self.options.average_every
         if self.averager is not None and every is not None and self.steps % every == 0:
             self._average_state([name for name, _ in named])
         with torch.no_grad():
@@ -240,7 +240,7 @@ class DetachedEFDataParallel(SyncStrategy):
                 self._stash[name] = p.detach().clone()
                 x = self.x[name]
                 e = self.error(name)
-                if self.options["eval_at"] == "virtual" and e is not None:
+                if self.options.eval_at == "virtual" and e is not None:
                     mean_e = e.clone()
                     if world > 1:
                         dist.all_reduce(mean_e)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -17,8 +18,8 @@ from ..compressors import build_compressor
 from ..compressors.base import Compressor, CompressorRNG, Payload
 from ..compressors.dgc import warmup_density
 from ..feedback import MomentumCorrection
-from ..registry import merge_options
-from .base import MethodNeeds, SyncStrategy, _broadcast_module_state
+from ..options import Options
+from .base import MethodNeeds, SyncStrategy, _broadcast_module_state, compressed_update_arguments
 
 if TYPE_CHECKING:
     from ..config import RunConfig
@@ -53,33 +54,39 @@ class _CountingSparsifier(Compressor):
         return self.inner.aggregate(payloads)
 
 
-DGC_OPTIONS: dict[str, Any] = {
-    "momentum_correction": True,  # u = m u + g; v += u; send top-k of v (momentum off in the optimizer)
-    "masking": True,  # momentum factor masking: zero u (and v) where sent
-    "nesterov": False,  # the code's Nesterov variant of the correction
-    "clip_norm": None,  # local gradient clipping at clip_norm / sqrt(N) per tensor (None: off)
-    "warmup": None,  # densities of the first epochs, e.g. [0.25, 0.0625, 0.015625, 0.00390625]
-    "warmup_epochs": None,  # spread the warmup entries over this many epochs (null: one epoch each)
-    "min_dim": 2,  # only tensors with at least this many dimensions are sparsified (the code: > 1)
-}
+@dataclass(frozen=True)
+class DGCOptions(Options):
+    """``strategy_options`` of ``strategy: dgc``."""
+
+    kind: ClassVar[str] = "dgc"
+    momentum_correction: bool = True  # u = m u + g; v += u; send top-k of v (momentum off in the optimizer)
+    masking: bool = True  # momentum factor masking: zero u (and v) where sent
+    nesterov: bool = False  # the code's Nesterov variant of the correction
+    clip_norm: float | None = None  # local gradient clipping at clip_norm / sqrt(N) per tensor (None: off)
+    warmup: tuple[float, ...] | None = None  # densities of the first epochs, e.g. [0.25, 0.0625, 0.015625]
+    warmup_epochs: float | None = (
+        None  # spread the warmup entries over this many epochs (null: one epoch each)
+    )
+    min_dim: int = 2  # only tensors with at least this many dimensions are sparsified (the code: > 1)
+
+    def __post_init__(self) -> None:
+        if self.warmup is not None:
+            if not isinstance(self.warmup, list | tuple) or not self.warmup:
+                raise ValueError(f"dgc warmup must be a list of densities or null, got {self.warmup!r}")
+            warmup_density(0, 1.0, self.warmup)  # validates each entry
+        span = self.warmup_epochs
+        if span is not None and (isinstance(span, bool) or not isinstance(span, int | float) or span <= 0):
+            raise ValueError(f"dgc warmup_epochs must be a number > 0 or null, got {span!r}")
+        if isinstance(self.min_dim, bool) or not isinstance(self.min_dim, int) or self.min_dim < 1:
+            raise ValueError(f"dgc min_dim must be an int >= 1, got {self.min_dim!r}")
+        clip = self.clip_norm
+        if clip is not None and (isinstance(clip, bool) or not isinstance(clip, int | float) or clip <= 0):
+            raise ValueError(f"dgc clip_norm must be a number > 0 or null, got {clip!r}")
 
 
-def check_dgc_options(options: dict[str, Any]) -> dict[str, Any]:
+def check_dgc_options(options: Mapping[str, Any] | DGCOptions | None) -> DGCOptions:
     """``options`` over the defaults, validated (the values the strategy will use)."""
-    merged = merge_options(options, DGC_OPTIONS, "dgc")
-    if merged["warmup"] is not None:
-        if not isinstance(merged["warmup"], list | tuple) or not merged["warmup"]:
-            raise ValueError(f"dgc warmup must be a list of densities or null, got {merged['warmup']!r}")
-        warmup_density(0, 1.0, merged["warmup"])  # validates each entry
-    span = merged["warmup_epochs"]
-    if span is not None and (isinstance(span, bool) or not isinstance(span, int | float) or span <= 0):
-        raise ValueError(f"dgc warmup_epochs must be a number > 0 or null, got {span!r}")
-    if isinstance(merged["min_dim"], bool) or not isinstance(merged["min_dim"], int) or merged["min_dim"] < 1:
-        raise ValueError(f"dgc min_dim must be an int >= 1, got {merged['min_dim']!r}")
-    clip = merged["clip_norm"]
-    if clip is not None and (isinstance(clip, bool) or not isinstance(clip, int | float) or clip <= 0):
-        raise ValueError(f"dgc clip_norm must be a number > 0 or null, got {clip!r}")
-    return merged
+    return DGCOptions.from_mapping(options)
 
 
 class DGCDataParallel(SyncStrategy):
@@ -105,19 +112,12 @@ class DGCDataParallel(SyncStrategy):
     ignores = (("transport", "auto", "DGC all-gathers its sparse payloads"),)
 
     @classmethod
-    def check_options(cls, options: dict[str, Any], world_size: int) -> dict[str, Any]:
+    def check_options(cls, options: dict[str, Any], world_size: int) -> Options:
         return check_dgc_options(options)
 
     @classmethod
     def from_config(cls, config: RunConfig) -> DGCDataParallel:
-        return cls(
-            build_compressor(config.compressor, **config.compressor_options),
-            momentum=config.momentum,
-            weight_decay=config.weight_decay,
-            options=config.strategy_options,
-            bucket_numel=config.bucket_numel,
-            seed=config.seed,
-        )
+        return cls(**compressed_update_arguments(config))
 
     def __init__(
         self,
@@ -125,7 +125,7 @@ class DGCDataParallel(SyncStrategy):
         *,
         momentum: float,
         weight_decay: float,
-        options: dict[str, Any] | None = None,
+        options: Mapping[str, Any] | DGCOptions | None = None,
         bucket_numel: int | None = None,
         seed: int = 0,
     ) -> None:
@@ -134,17 +134,17 @@ class DGCDataParallel(SyncStrategy):
                 f"strategy dgc needs a sparsifier (values + indices, all-gathered), e.g. compressor dgc "
                 f"or topk; got {compressor.name!r}"
             )
-        self.options = check_dgc_options(options or {})
+        self.options = check_dgc_options(options)
         self.compressor = _CountingSparsifier(compressor)
         self.final_density = compressor.density
         self.momentum = momentum
         self.weight_decay = weight_decay
-        corrected = self.options["momentum_correction"]
+        corrected = self.options.momentum_correction
         self.memory = MomentumCorrection(
             momentum if corrected else 0.0,  # 0: u = g, v += g, plain error feedback
-            nesterov=self.options["nesterov"] and corrected,
-            masking=self.options["masking"] and corrected,
-            clip_norm=self.options["clip_norm"],
+            nesterov=self.options.nesterov and corrected,
+            masking=self.options.masking and corrected,
+            clip_norm=self.options.clip_norm,
             world_size=get_world_size(),
         )
         self.stats = CommStats()
@@ -167,8 +167,8 @@ class DGCDataParallel(SyncStrategy):
         self, model: nn.Module
     ) -> tuple[list[tuple[str, nn.Parameter]], list[tuple[str, nn.Parameter]]]:
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-        sparse = [(n, p) for n, p in named if p.dim() >= self.options["min_dim"]]
-        dense = [(n, p) for n, p in named if p.dim() < self.options["min_dim"]]
+        sparse = [(n, p) for n, p in named if p.dim() >= self.options.min_dim]
+        dense = [(n, p) for n, p in named if p.dim() < self.options.min_dim]
         return sparse, dense
 
     def setup(self, model: nn.Module) -> None:
@@ -177,7 +177,7 @@ class DGCDataParallel(SyncStrategy):
 
     def param_groups(self, model: nn.Module) -> list[dict[str, Any]]:
         sparse, dense = self._split(model)
-        if not self.options["momentum_correction"]:
+        if not self.options.momentum_correction:
             return [{"params": [p for _, p in sparse + dense]}]
         return [
             {"params": [p for _, p in sparse], "momentum": 0.0, "weight_decay": 0.0},
@@ -185,10 +185,10 @@ class DGCDataParallel(SyncStrategy):
         ]
 
     def set_epoch(self, epoch: float) -> None:
-        warmup = self.options["warmup"]
+        warmup = self.options.warmup
         in_warmup = False
         if warmup is not None:
-            span = self.options["warmup_epochs"] or len(warmup)
+            span = self.options.warmup_epochs or len(warmup)
             entry = int(epoch / span * len(warmup))  # past the warm-up: the final density
             in_warmup = entry < len(warmup)
             self.compressor.inner.set_density(warmup_density(entry, self.final_density, warmup))  # type: ignore[attr-defined]
@@ -212,7 +212,7 @@ class DGCDataParallel(SyncStrategy):
         """With momentum correction: the sparsified tensors' weight decay, never communicated, with
         its own momentum, added to their averaged gradients (the code's ``DGCSGD``)."""
         sparse, _ = self._split(model)
-        if self.options["momentum_correction"] and self.weight_decay:
+        if self.options.momentum_correction and self.weight_decay:
             with torch.no_grad():
                 for name, p in sparse:
                     if p.grad is None:

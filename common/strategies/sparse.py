@@ -43,7 +43,9 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -54,22 +56,39 @@ from ..comm.collectives import all_gather_variable, all_reduce_sum_, broadcast_,
 from ..comm.stats import CommStats
 from ..compressors.base import CompressorRNG, check_density
 from ..compressors.dgc import DGC
-from ..registry import merge_options
+from ..options import Options
 from .base import MethodNeeds, SyncStrategy, _broadcast_module_state
 
 if TYPE_CHECKING:
     from ..config import RunConfig
 
-SELECTORS = ("exdyna", "topk", "dgc", "threshold", "cltk")
-SPARSE_OPTIONS: dict[str, Any] = {
-    "selector": "exdyna",
-    "density": 0.001,  # target: k = floor(density d) entries of the whole gradient per step
-    "blocks": 1024,  # exdyna: fine-grained blocks (sizes a multiple of 32)
-    "tolerance": 1.05,  # exdyna: rebalance adjacent partitions beyond this ratio to the mean count
-    # exdyna / threshold: lambda_0. null: 1 / (2 sqrt(k)), the code's; a number; or "estimate": the
-    # top-k threshold of a 1 % sample of the first step's a, averaged over ranks (a deviation: the
-    # code's value can be off by a factor that its 0.5 %-per-step scaling needs hundreds of steps for)
-    "threshold_init": None,
+
+@dataclass(frozen=True)
+class SelectorNeeds:
+    """How a selector's choice is exchanged and kept up (declared per selector; the strategy
+    dispatches on it, not on the selector's name).
+
+    ``exchange``: ``"gather"`` (every rank's values and indices all-gathered and summed: the
+    union can grow up to W k, and each rank's residual forgets only its own selection),
+    ``"union"`` (the disjoint indices all-gathered, then one all-reduce of every rank's values
+    there: the union is zeroed in every residual) or ``"leader"`` (one rank's indices broadcast,
+    then the same all-reduce). ``fixed_count``: every rank sends exactly k (the all-gather skips
+    the count exchange). ``partitions``: ExDyna's owned partitions, rebalanced after each step.
+    ``online_threshold``: the threshold is scaled after each step towards k selected entries.
+    """
+
+    exchange: str
+    fixed_count: bool = False
+    partitions: bool = False
+    online_threshold: bool = False
+
+
+SELECTORS: dict[str, SelectorNeeds] = {
+    "exdyna": SelectorNeeds("union", partitions=True, online_threshold=True),
+    "topk": SelectorNeeds("gather", fixed_count=True),
+    "dgc": SelectorNeeds("gather"),
+    "threshold": SelectorNeeds("gather"),
+    "cltk": SelectorNeeds("leader"),
 }
 BLOCK_MULTIPLE = 32
 _WHOLE_GRADIENT = "it selects from the whole flattened gradient and sends counts, indices and values"
@@ -77,26 +96,44 @@ _WHOLE_GRADIENT = "it selects from the whole flattened gradient and sends counts
 SCALE_UP, SCALE_BAND, SCALE_DOWN, BAND, BAND_LOW = 1.005, 1.00125, 0.995, 1.1, 0.909
 
 
-def check_sparse_options(options: dict[str, Any]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class SparseOptions(Options):
+    """``strategy_options`` of ``strategy: sparse``."""
+
+    kind: ClassVar[str] = "sparse"
+    selector: str = "exdyna"
+    density: float = 0.001  # target: k = floor(density d) entries of the whole gradient per step
+    blocks: int = 1024  # exdyna: fine-grained blocks (sizes a multiple of 32)
+    tolerance: float = 1.05  # exdyna: rebalance adjacent partitions beyond this ratio to the mean count
+    # exdyna / threshold: lambda_0. null: 1 / (2 sqrt(k)), the code's; a number; or "estimate": the
+    # top-k threshold of a 1 % sample of the first step's a, averaged over ranks (a deviation: the
+    # code's value can be off by a factor that its 0.5 %-per-step scaling needs hundreds of steps for)
+    threshold_init: float | str | None = None
+
+    def __post_init__(self) -> None:
+        if self.selector not in SELECTORS:
+            raise ValueError(f"sparse selector must be one of {', '.join(SELECTORS)}, got {self.selector!r}")
+        check_density(self.density)
+        blocks = self.blocks
+        if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 1:
+            raise ValueError(f"sparse blocks must be an int >= 1, got {blocks!r}")
+        tol = self.tolerance
+        if isinstance(tol, bool) or not isinstance(tol, int | float) or tol < 1.0:
+            raise ValueError(
+                f"sparse tolerance must be a number >= 1 (a ratio to the mean count), got {tol!r}"
+            )
+        init = self.threshold_init
+        if (
+            init is not None
+            and init != "estimate"
+            and (isinstance(init, bool) or not isinstance(init, int | float) or init <= 0)
+        ):
+            raise ValueError(f'sparse threshold_init must be a number > 0, "estimate" or null, got {init!r}')
+
+
+def check_sparse_options(options: Mapping[str, Any] | SparseOptions | None) -> SparseOptions:
     """``options`` over the defaults, validated (the values the strategy will use)."""
-    merged = merge_options(options, SPARSE_OPTIONS, "sparse")
-    if merged["selector"] not in SELECTORS:
-        raise ValueError(f"sparse selector must be one of {', '.join(SELECTORS)}, got {merged['selector']!r}")
-    check_density(merged["density"])
-    blocks = merged["blocks"]
-    if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 1:
-        raise ValueError(f"sparse blocks must be an int >= 1, got {blocks!r}")
-    tol = merged["tolerance"]
-    if isinstance(tol, bool) or not isinstance(tol, int | float) or tol < 1.0:
-        raise ValueError(f"sparse tolerance must be a number >= 1 (a ratio to the mean count), got {tol!r}")
-    init = merged["threshold_init"]
-    if (
-        init is not None
-        and init != "estimate"
-        and (isinstance(init, bool) or not isinstance(init, int | float) or init <= 0)
-    ):
-        raise ValueError(f'sparse threshold_init must be a number > 0, "estimate" or null, got {init!r}')
-    return merged
+    return SparseOptions.from_mapping(options)
 
 
 class Partitions:
@@ -189,17 +226,18 @@ class SparseDataParallel(SyncStrategy):
     )
 
     @classmethod
-    def check_options(cls, options: dict[str, Any], world_size: int) -> dict[str, Any]:
+    def check_options(cls, options: dict[str, Any], world_size: int) -> Options:
         return check_sparse_options(options)
 
     @classmethod
     def from_config(cls, config: RunConfig) -> SparseDataParallel:
         return cls(options=config.strategy_options, seed=config.seed)
 
-    def __init__(self, *, options: dict[str, Any] | None = None, seed: int = 0) -> None:
-        self.options = check_sparse_options(options or {})
-        self.selector = str(self.options["selector"])
-        self.density = float(self.options["density"])
+    def __init__(self, *, options: Mapping[str, Any] | SparseOptions | None = None, seed: int = 0) -> None:
+        self.options = check_sparse_options(options)
+        self.selector = self.options.selector
+        self.selector_needs = SELECTORS[self.selector]
+        self.density = float(self.options.density)
         self.seed = seed
         self.stats = CommStats()
         self.world = get_world_size()
@@ -215,7 +253,15 @@ class SparseDataParallel(SyncStrategy):
         }
         self._window = 0
         self._rng: CompressorRNG | None = None
-        self._dgc = DGC(self.density) if self.selector == "dgc" else None
+        self._dgc: DGC | None = None  # the dgc selector's sampler, made at its first use
+        # The flat indices (int64) this rank selects each step (for cltk: the leader's, others empty).
+        self._select = {
+            "exdyna": self._select_exdyna,
+            "topk": self._select_topk,
+            "dgc": self._select_dgc,
+            "threshold": self._select_threshold,
+            "cltk": self._select_cltk,
+        }[self.selector]
         self.last_selected: Tensor | None = None
 
     def setup(self, model: nn.Module) -> None:
@@ -223,11 +269,11 @@ class SparseDataParallel(SyncStrategy):
         _broadcast_module_state(model, "buffers")
         self.numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
         self.k = max(1, math.floor(self.density * self.numel))
-        if self.selector == "exdyna":
+        if self.selector_needs.partitions:
             self.partitions = Partitions(
-                self.numel, self.world, blocks=self.options["blocks"], tolerance=self.options["tolerance"]
+                self.numel, self.world, blocks=self.options.blocks, tolerance=self.options.tolerance
             )
-        init = self.options["threshold_init"]
+        init = self.options.threshold_init
         if not self.threshold and init != "estimate":
             self.threshold = float(init or 1.0 / (2.0 * math.sqrt(self.k)))
 
@@ -258,15 +304,12 @@ class SparseDataParallel(SyncStrategy):
             out = torch.zeros_like(accumulated)
             out.index_put_((union,), mean, accumulate=True)
             residual = accumulated
-            residual[own if self.selector in ("topk", "dgc", "threshold") else union] = 0.0
+            gathered = self.selector_needs.exchange == "gather"
+            residual[own if gathered else union] = 0.0
             self.residual = residual
             for g, part in zip(grads, out.split([g.numel() for g in grads]), strict=True):  # type: ignore[union-attr]
                 g.copy_(part.view_as(g))  # type: ignore[union-attr]
-        union_size = (
-            int(torch.unique(union).numel())
-            if self.selector in ("topk", "dgc", "threshold")
-            else union.numel()
-        )
+        union_size = int(torch.unique(union).numel()) if gathered else union.numel()
         self._record(select_seconds, union_size, counts)
         if self.world > 1:
             self.stats.dense_bits += self.numel * 32
@@ -286,36 +329,40 @@ class SparseDataParallel(SyncStrategy):
             self._rng = CompressorRNG(self.seed, self.rank, device)
         return self._rng
 
-    def _select(self, a: Tensor) -> Tensor:
-        """The flat indices (int64) this rank selects (for cltk: the leader's, others empty)."""
-        if self.selector == "exdyna":
-            assert self.partitions is not None
-            start, end = self.partitions.span((self.steps + self.rank) % self.world)
-            part = a[start:end]
-            capacity = min(part.numel(), 4 * self.k // self.world + 64)
-            _, indices, count = threshold_select(part, self.threshold, capacity)
-            n = int(count)
-            if n > capacity:  # the estimate was short: one more pass with room for all
-                _, indices, count = threshold_select(part, self.threshold, n)
-            if n == 0:  # the code's fallback: one index, moving with the step
-                return torch.tensor([start + self.steps % part.numel()], device=a.device)
-            return indices[:n].long() + start
-        if self.selector == "threshold":
-            return torch.nonzero(a.abs() >= self.threshold).reshape(-1)
-        if self.selector == "topk":
-            return torch.topk(a.abs(), self.k, sorted=False).indices
-        if self.selector == "dgc":
-            assert self._dgc is not None
-            return self._dgc.compress(a, self._rng_for(a.device)).wire["indices"].long()
-        leader = self.steps % self.world  # cltk
-        if self.rank == leader:
+    def _select_exdyna(self, a: Tensor) -> Tensor:
+        """Indices at or above the threshold in the partition this rank owns this step."""
+        assert self.partitions is not None
+        start, end = self.partitions.span((self.steps + self.rank) % self.world)
+        part = a[start:end]
+        capacity = min(part.numel(), 4 * self.k // self.world + 64)
+        _, indices, count = threshold_select(part, self.threshold, capacity)
+        n = int(count)
+        if n > capacity:  # the estimate was short: one more pass with room for all
+            _, indices, count = threshold_select(part, self.threshold, n)
+        if n == 0:  # the code's fallback: one index, moving with the step
+            return torch.tensor([start + self.steps % part.numel()], device=a.device)
+        return indices[:n].long() + start
+
+    def _select_threshold(self, a: Tensor) -> Tensor:
+        return torch.nonzero(a.abs() >= self.threshold).reshape(-1)
+
+    def _select_topk(self, a: Tensor) -> Tensor:
+        return torch.topk(a.abs(), self.k, sorted=False).indices
+
+    def _select_dgc(self, a: Tensor) -> Tensor:
+        if self._dgc is None:
+            self._dgc = DGC(self.density)
+        return self._dgc.compress(a, self._rng_for(a.device)).wire["indices"].long()
+
+    def _select_cltk(self, a: Tensor) -> Tensor:
+        if self.rank == self.steps % self.world:  # the leader of this step
             return torch.topk(a.abs(), self.k, sorted=False).indices
         return torch.empty(0, dtype=torch.int64, device=a.device)
 
     def _aggregate(self, a: Tensor, own: Tensor) -> tuple[Tensor, Tensor, list[int]]:
         """(mean values, their flat indices, per-rank selected counts)."""
-        world = self.world
-        if self.selector == "cltk":
+        world, exchange = self.world, self.selector_needs.exchange
+        if exchange == "leader":
             indices = (
                 own.to(torch.int32)
                 if own.numel()
@@ -326,14 +373,14 @@ class SparseDataParallel(SyncStrategy):
             values = a[union].clone()
             all_reduce_sum_(values, stats=self.stats)
             return values.div_(world), union, [self.k]
-        if self.selector == "exdyna":
+        if exchange == "union":
             gathered = all_gather_variable([own.to(torch.int32)], stats=self.stats)
             union = torch.cat([g[0] for g in gathered]).long()  # disjoint partitions: no duplicate
             values = a[union].clone()
             all_reduce_sum_(values, stats=self.stats)
             return values.div_(world), union, [g[0].numel() for g in gathered]
         gathered = all_gather_variable(
-            [a[own], own.to(torch.int32)], sizes_known=self.selector == "topk", stats=self.stats
+            [a[own], own.to(torch.int32)], sizes_known=self.selector_needs.fixed_count, stats=self.stats
         )
         values = torch.cat([g[0] for g in gathered]).div_(world)
         union = torch.cat([g[1] for g in gathered]).long()  # duplicates summed by the index_put_
@@ -341,13 +388,13 @@ class SparseDataParallel(SyncStrategy):
 
     def _record(self, select_seconds: float, union_size: int, counts: list[int]) -> None:
         selected = sum(counts)
-        if self.selector == "exdyna":
+        if self.selector_needs.partitions:
             assert self.partitions is not None
             by_partition = [0] * self.world
             for r, count in enumerate(counts):
                 by_partition[(self.steps + r) % self.world] = count
             self.partitions.rebalance(by_partition)
-        if self.selector == "exdyna":
+        if self.selector_needs.online_threshold:
             self.threshold = scale_threshold(self.threshold, selected, self.k)
         imbalance = self.world * max(counts) / selected - 1 if selected and len(counts) > 1 else 0.0
         for key, value in (

@@ -58,7 +58,7 @@ def _run(rank: int, world_size: int, options: dict, steps: int = STEPS) -> dict[
             {
                 "x": {n: v.clone() for n, v in strategy.x.items()},
                 "e": {n: strategy.error(n).clone() for n in strategy.x}
-                if strategy.options["feedback"]
+                if strategy.options.feedback
                 else None,
                 "lr_m": {n: LR * m.clone() for n, m in strategy.m.items()},
             }
@@ -152,8 +152,8 @@ def _block(value: torch.Tensor, payload) -> torch.Tensor:
 def test_step_equals_the_update_written_out_on_two_ranks(tmp_path, options: dict) -> None:
     results = run_ranks(_run, 2, options, tmp_path=tmp_path)
     merged = check_def_options(options)
-    mu = merged["mu"] if merged["feedback"] else 0.0
-    ref = _reference(2, mu, merged["feedback"], merged["average_every"])
+    mu = merged.mu if merged.feedback else 0.0
+    ref = _reference(2, mu, merged.feedback, merged.average_every)
     for rank, r in enumerate(results):
         for n, value in ref["x"].items():
             torch.testing.assert_close(r["x"][n], value, rtol=1e-5, atol=1e-6)

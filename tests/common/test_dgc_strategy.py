@@ -152,6 +152,8 @@ def test_without_momentum_correction_the_optimizer_keeps_one_group():
         ({"min_dim": 0}, "dgc min_dim must be an int >= 1, got 0"),
         ({"warmup_epochs": 0}, "dgc warmup_epochs must be a number > 0 or null, got 0"),
         ({"clip_norm": -1}, "dgc clip_norm must be a number > 0 or null, got -1"),
+        ({"masking": "yes"}, "dgc masking must be true or false, got 'yes'"),  # the declared type
+        ({"nesterov": 1}, "dgc nesterov must be true or false, got 1"),
     ],
 )
 def test_bad_dgc_options_are_rejected(options, message):

@@ -102,7 +102,7 @@ def test_options_name_the_paper_plan_and_seeded_graphs() -> None:
     other, _ = base_graph({"graph": "geometric", "radius": 0.5, "graph_seed": 1}, 8)
     assert sorted(other.edges) != sorted(geo.edges)
     assert base_graph({"graph": "ring"}, 6)[0].number_of_edges() == 6
-    assert check_gossip_options({}, 8)["mode"] == "matcha"  # defaults filled in
+    assert check_gossip_options({}, 8).mode == "matcha"  # defaults filled in
 
 
 @pytest.mark.parametrize(

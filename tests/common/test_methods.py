@@ -14,6 +14,7 @@ from common.compressors.base import Needs
 from common.compressors.terngrad import TernGrad
 from common.config import RunConfig
 from common.methods import STRATEGIES, strategy_class
+from common.options import Options
 from common.strategies import SyncStrategy
 from common.strategies.base import MethodNeeds
 from common.train import default_strategy
@@ -83,10 +84,10 @@ class _OwnUpdate(SyncStrategy):
     ignores = (("bucket_numel", None, "it sends one tensor"),)
 
     @classmethod
-    def check_options(cls, options: dict[str, Any], world_size: int) -> dict[str, Any]:
+    def check_options(cls, options: dict[str, Any], world_size: int) -> Options:
         if set(options) - {"k"}:
             raise ValueError(f"own_update options: k only, got {sorted(options)}")
-        return {"k": 1, **options}
+        return Options()
 
     @classmethod
     def from_config(cls, config: RunConfig) -> _OwnUpdate:
@@ -123,3 +124,13 @@ def test_a_strategy_with_its_own_exchange_refuses_a_compressor(monkeypatch):
         ValueError, match="strategy own_exchange sends its own thing: set compressor: identity"
     ):
         RunConfig.from_dict({"strategy": "own_exchange", "compressor": "fp16"})
+
+
+def test_every_strategy_has_typed_frozen_options():
+    for name, cls in STRATEGIES.items():
+        options = cls.check_options({"masks": "m.pt"} if name == "compact" else {}, 8)
+        assert isinstance(options, Options) and hash(options) == hash(options), name
+        with pytest.raises(AttributeError):
+            options.anything = 1  # type: ignore[attr-defined]  # frozen: a run cannot change them
+    dgc = STRATEGIES["dgc"].check_options({"warmup": [0.25, 0.0625]}, 2)
+    assert dgc.warmup == (0.25, 0.0625)  # type: ignore[attr-defined]  # YAML's list, kept as a tuple
