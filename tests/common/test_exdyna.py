@@ -249,3 +249,30 @@ def test_threshold_band_edges_are_the_codes_literals() -> None:
     assert scale_threshold(1.0, 90_905, 100_000) == pytest.approx(1.00125)
     assert scale_threshold(1.0, 90_900, 100_000) == pytest.approx(0.995)  # 0.909 itself: down, as the code
     assert scale_threshold(1.0, 11_001, 10_000) == pytest.approx(1.005)
+
+
+def test_an_estimated_threshold_far_off_its_target_is_estimated_again() -> None:
+    """threshold_init "estimate": a first step whose gradient is 10^4 x the later ones sets a
+    threshold the online rule would need ~1,700 steps to bring down; the next step re-estimates it."""
+    torch.manual_seed(0)
+    model = nn.Linear(1000, 10, bias=False)  # 10,000 entries; k = 100
+    strategy = SparseDataParallel(
+        options={"selector": "exdyna", "density": 0.01, "threshold_init": "estimate"}
+    )
+    strategy.setup(model)
+    selected = []
+    for step in range(4):
+        grad = torch.randn(10, 1000) * 1e-3
+        if step == 0:
+            grad.view(-1)[torch.randperm(10_000)[:100]] = 1e4  # a transient: a few huge entries
+        else:
+            grad = torch.randn(10, 1000)
+        model.weight.grad = grad
+        strategy.after_backward(model)
+        selected.append(strategy.trace["union"][-1])
+    k = strategy.k
+    assert k == 100
+    assert not k / 16 <= selected[1] <= 16 * k  # step 0's estimate is far off at step 1 ...
+    assert strategy.resets == 1  # ... so step 3 estimated it again (and step 4 stayed in the band)
+    assert k / 2 <= selected[2] <= 2 * k
+    assert strategy.metrics()["threshold_resets"] == 1.0
