@@ -215,11 +215,11 @@ def _broadcast_module_state(model: nn.Module, tensors: str) -> None:
 class DataParallel(SyncStrategy):
     """Synchronous data parallelism: every rank's gradients averaged through a :class:`GradientSync`."""
 
+    name = "data_parallel"
+
     def __init__(self, sync: GradientSync) -> None:
         self.sync = sync
         self.stats = sync.stats
-
-    name = "data_parallel"
 
     @classmethod
     def from_config(cls, config: RunConfig) -> DataParallel:
