@@ -18,6 +18,7 @@ from .identity import Identity
 from .qsgd import QSGD
 from .random_block import RandomBlock
 from .randomk import RandomK
+from .signsgd import SignSGD
 from .terngrad import TernGrad
 from .topk import TopK
 
@@ -31,6 +32,7 @@ COMPRESSORS: dict[str, type[Compressor]] = {
     "terngrad": TernGrad,
     "qsgd": QSGD,
     "dgc": DGC,
+    "signsgd": SignSGD,
 }
 
 
@@ -70,6 +72,7 @@ __all__ = [
     "Payload",
     "RandomBlock",
     "RandomK",
+    "SignSGD",
     "TopK",
     "build_compressor",
     "check_density",

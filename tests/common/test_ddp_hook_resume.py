@@ -25,6 +25,7 @@ COMPRESSORS = {
     "terngrad": {},
     "qsgd": {"bits": 4},
     "dgc": {"density": 0.05},
+    "signsgd": {},
 }
 STEPS, STOP = 7, 3
 

@@ -27,7 +27,7 @@ def test_terngrad_declares_its_rounds_and_the_others_declare_none():
     assert TernGrad(fp32_below=100).needs.dense_tensors
     sparse = {"density": 0.01}
     for name, options in (("identity", {}), ("fp16", {}), ("topk", sparse), ("randomk", sparse),
-                          ("random_block", sparse), ("qsgd", {}), ("dgc", sparse)):  # fmt: skip
+                          ("random_block", sparse), ("qsgd", {}), ("dgc", sparse), ("signsgd", {})):  # fmt: skip
         assert build_compressor(name, **options).needs == Needs(), name
 
 

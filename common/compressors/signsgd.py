@@ -1,0 +1,81 @@
+"""1-bit sign compression: EF-signSGD (Karimireddy et al., ICML 2019) and signSGD with majority vote
+(Bernstein et al., ICML 2018).
+
+For a tensor x of N entries, each entry's sign crosses the wire as one bit (``kernels.pack_bits``
+layout, 1 = negative; an exact zero is sent as +, so every entry is one of two values):
+
+- ``scaled=True`` (EF-signSGD's compressor, the default): ``C(x) = (||x||_1 / N) sign(x)``, the
+  scale as one fp32 number beside the bits: ``8 ceil(N / 8) + 32`` bits. Biased; used with error
+  feedback (``error_feedback=True``), whose residual keeps ``x - C(x)``. The workers' decoded
+  tensors are averaged (``vote="mean"``): the all-gather of compressed gradients of the paper.
+- ``scaled=False, vote="majority"`` (signSGD with majority vote): the bits only, ``8 ceil(N / 8)``;
+  the result is ``sign(sum_w sign(x_w))`` entrywise, the majority's sign (0 where an even number of
+  workers tie). :meth:`SignSGD.aggregate` returns W times that, so the mean the transport divides
+  by W is the vote itself. No server: every rank all-gathers every rank's bits and votes.
+
+Not linear (signs cannot be summed into signs), fixed size, no randomness.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from kernels import pack_bits, unpack_bits
+
+from .base import Compressor, CompressorRNG, Payload
+
+VOTES = ("mean", "majority")
+
+
+class SignSGD(Compressor):
+    """One bit per entry (module docstring): ``scaled`` (EF-signSGD's l1 scale) and ``vote``
+    (``"mean"`` of the workers' decoded tensors, or ``"majority"``: the sign of their sum)."""
+
+    name = "signsgd"
+    linear = False
+    unbiased = False
+    fixed_size = True
+
+    def __init__(self, scaled: bool = True, vote: str = "mean") -> None:
+        if not isinstance(scaled, bool):
+            raise ValueError(f"scaled must be true or false, got {scaled!r}")
+        if vote not in VOTES:
+            raise ValueError(f"unknown vote {vote!r}; valid: mean (EF-signSGD), majority (signSGD's vote)")
+        if vote == "majority" and scaled:
+            raise ValueError("vote='majority' takes signs only (its result is a sign): set scaled=False")
+        self.scaled = scaled
+        self.vote = vote
+
+    def compress(self, x: Tensor, rng: CompressorRNG) -> Payload:
+        x_N = x.reshape(-1)
+        wire = {"signs": pack_bits((x_N < 0).to(torch.uint8), 1)}
+        if self.scaled:
+            wire["scale"] = (
+                x_N.float().abs().mean() if x_N.numel() else x_N.new_zeros((), dtype=torch.float32)
+            ).reshape(1)
+        return Payload(wire=wire, shape=x.shape, dtype=x.dtype)
+
+    def _signs(self, payload: Payload) -> Tensor:
+        """The payload's signs as float32 +1 / -1, flat."""
+        bits = unpack_bits(payload.wire["signs"], 1, payload.numel)
+        return 1.0 - 2.0 * bits.to(torch.float32)
+
+    def decompress(self, payload: Payload) -> Tensor:
+        signs = self._signs(payload)
+        if self.scaled:
+            signs = signs.mul_(payload.wire["scale"])
+        return signs.to(payload.dtype).reshape(payload.shape)
+
+    def aggregate(self, payloads: Sequence[Payload]) -> Tensor:
+        """``"mean"``: the sum of the decoded tensors. ``"majority"``: W sign(sum of the signs), so
+        that the transport's mean (sum / W) is the majority vote."""
+        if self.vote == "mean":
+            return super().aggregate(payloads)
+        total = self._signs(payloads[0])
+        for payload in payloads[1:]:
+            total += self._signs(payload)
+        first = payloads[0]
+        return (torch.sign(total) * len(payloads)).to(first.dtype).reshape(first.shape)
