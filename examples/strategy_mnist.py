@@ -3,6 +3,7 @@
     torchrun --standalone --nproc_per_node 2 examples/strategy_mnist.py --method def
     torchrun --standalone --nproc_per_node 2 examples/strategy_mnist.py --method dgc --steps 300
     torchrun --standalone --nproc_per_node 4 examples/strategy_mnist.py --method matcha
+    torchrun --standalone --nproc_per_node 2 examples/strategy_mnist.py --method terngrad,def,exdyna
 
 Methods: ``terngrad``, ``qsgd`` (4 bits), ``dgc`` (0.1 %, momentum correction, masking, warm-up),
 ``def`` and ``def_a`` (random block 1/16, mu 0.3; DEF-A averages every 4 steps), ``exdyna`` (1 %),
@@ -84,27 +85,16 @@ def build_method(name: str, model: nn.Module, world: int) -> SyncStrategy:
     raise ValueError(f"unknown method {name!r}; valid: {', '.join(METHODS)}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--method", default="def", choices=METHODS)
-    parser.add_argument("--steps", type=int, default=100, help="training steps (batches of 64 per rank)")
-    parser.add_argument(
-        "--checkpoint", default=None, help="save at the end (one file per rank); resume if there"
-    )
-    args = parser.parse_args()
-
-    dist.init_process_group("gloo")  # NCCL on GPUs
-    rank, world = dist.get_rank(), dist.get_world_size()
+def train_one(method: str, steps: int, checkpoint: Path | None, rank: int, world: int) -> dict:
+    """Train ``method`` from the same initial model for ``steps`` (resuming from ``checkpoint``
+    if it exists, saving there at the end); returns what rank 0 prints."""
     torch.manual_seed(0)
     model = small_cnn()
-    strategy = build_method(args.method, model, world)
-    if args.method == "sparse_axonn":
+    strategy = build_method(method, model, world)
+    if method == "sparse_axonn":
         optimizer = strategy.optimizer(model, torch.optim.AdamW, lr=1e-3)
     else:
         optimizer = strategy.optimizer(model, torch.optim.SGD, lr=0.05, momentum=0.9, weight_decay=5e-4)
-    checkpoint = Path(f"{args.checkpoint}.rank{rank}") if args.checkpoint else None
     start = 0
     if checkpoint is not None and checkpoint.exists():
         state = torch.load(checkpoint, weights_only=False)
@@ -115,7 +105,7 @@ def main() -> None:
 
     train = load_dataset("mnist", "train")
     steps_per_epoch = len(train) // (64 * world)
-    for step in range(start, start + args.steps):
+    for step in range(start, start + steps):
         # this rank's batch: a seeded permutation per step, each rank its own slice
         order = torch.randperm(len(train), generator=torch.Generator().manual_seed(step))
         x, y = train.get_batch(order[rank * 64 : (rank + 1) * 64])
@@ -131,15 +121,42 @@ def main() -> None:
     dist.all_reduce(correct)
     if checkpoint is not None:
         state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                 "strategy": strategy.state_dict(), "step": start + args.steps}  # fmt: skip
+                 "strategy": strategy.state_dict(), "step": start + steps}  # fmt: skip
         torch.save(state, checkpoint)
     summary = strategy.stats.summary()
-    if rank == 0:
-        print(json.dumps({
-            "method": args.method, "steps": start + args.steps, "world_size": world,
-            "test_accuracy": float(correct[0] / correct[1]),
-            "bits_per_step": summary["bits_per_step"], "compression_factor": summary["compression_factor"],
-        }))  # fmt: skip
+    return {
+        "method": method, "steps": start + steps, "world_size": world,
+        "test_accuracy": float(correct[0] / correct[1]),
+        "bits_per_step": summary["bits_per_step"], "compression_factor": summary["compression_factor"],
+    }  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--method", default="def", help=f"one of {', '.join(METHODS)}, or several (a,b), one after the other"
+    )
+    parser.add_argument("--steps", type=int, default=100, help="training steps (batches of 64 per rank)")
+    parser.add_argument(
+        "--checkpoint", default=None, help="save at the end (one file per rank); resume if there"
+    )
+    args = parser.parse_args()
+    methods = args.method.split(",")
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown or not methods:
+        parser.error(f"unknown method(s) {', '.join(unknown)}; valid: {', '.join(METHODS)}")
+    if args.checkpoint and len(methods) > 1:
+        parser.error("--checkpoint holds one method's state: name one --method")
+
+    dist.init_process_group("gloo")  # NCCL on GPUs
+    rank, world = dist.get_rank(), dist.get_world_size()
+    checkpoint = Path(f"{args.checkpoint}.rank{rank}") if args.checkpoint else None
+    for method in methods:
+        result = train_one(method, args.steps, checkpoint, rank, world)
+        if rank == 0:
+            print(json.dumps(result), flush=True)
     dist.destroy_process_group()
 
 
