@@ -155,6 +155,13 @@ class Compressor(ABC):
     #: Parameter or module names whose tensors are sent in fp32 (``needs.dense_tensors``).
     fp32_layers: tuple[str, ...] = ()
 
+    def set_density(self, density: float) -> None:
+        """Change a sparsifier's density between steps (DGC's warm-up), validated like a
+        constructor's; an error for a compressor that sends every entry."""
+        if self.density is None:
+            raise ValueError(f"compressor {self.name!r} sends every entry: it has no density to set")
+        self.density = check_density(density)
+
     def keeps_fp32(self, name: str, numel: int) -> bool:
         """Whether the tensor ``name`` (``numel`` entries) is sent uncompressed (``needs.dense_tensors``)."""
         return False

@@ -164,10 +164,6 @@ class DGC(Compressor):
         self.resample = bool(resample)
         self.last_selection: dict[str, Any] = {}
 
-    def set_density(self, density: float) -> None:
-        """Change the density between steps (the warm-up); validated like the constructor's."""
-        self.density = check_density(density)
-
     def sample_plan(self, numel: int) -> tuple[int, int]:
         """``(num_samples, stride)`` for a tensor of ``numel`` entries (the code's ``initialize``);
         ``(numel, 1)`` when the tensor is sampled whole."""

@@ -191,7 +191,7 @@ class DGCDataParallel(SyncStrategy):
             span = self.options.warmup_epochs or len(warmup)
             entry = int(epoch / span * len(warmup))  # past the warm-up: the final density
             in_warmup = entry < len(warmup)
-            self.compressor.inner.set_density(warmup_density(entry, self.final_density, warmup))  # type: ignore[attr-defined]
+            self.compressor.inner.set_density(warmup_density(entry, self.final_density, warmup))
         if not in_warmup and self._after_warmup is None:  # counters at the first step at full sparsity
             stats = self.stats
             self._after_warmup = [

@@ -170,3 +170,16 @@ def test_config_rejects_dgc_with_other_optimizers_and_dense_compressors():
         RunConfig.from_dict({"strategy_options": {"warmup": [0.25]}})
     with pytest.raises(ValueError, match="needs a sparsifier"):
         DGCDataParallel(build_compressor("fp16"), momentum=0.9, weight_decay=0.0)
+
+
+def test_the_warm_up_sets_the_density_of_any_sparsifier():
+    topk = build_compressor("topk", density=0.01)
+    dgc = DGCDataParallel(topk, momentum=0.9, weight_decay=0.0, options={"warmup": [0.25, 0.0625]})
+    dgc.set_epoch(0.5)
+    assert topk.density == 0.25
+    dgc.set_epoch(1.5)
+    assert topk.density == 0.0625
+    dgc.set_epoch(2.0)
+    assert topk.density == 0.01  # past the warm-up: the compressor's own
+    with pytest.raises(ValueError, match="compressor 'fp16' sends every entry: it has no density to set"):
+        build_compressor("fp16").set_density(0.5)
