@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import TypeVar
 
 T = TypeVar("T")
 
@@ -21,17 +20,3 @@ def lookup(registry: dict[str, T], name: str, kind: str) -> T:
     except KeyError:
         valid = ", ".join(sorted(registry))
         raise ValueError(f"unknown {kind} {name!r}; valid names: {valid}") from None
-
-
-def merge_options(options: Mapping[str, Any], defaults: Mapping[str, Any], kind: str) -> dict[str, Any]:
-    """``options`` over ``defaults``; a ``ValueError`` names unknown keys and the allowed ones.
-
-    >>> merge_options({"b": 2}, {"a": 1}, "gossip")
-    Traceback (most recent call last):
-    ...
-    ValueError: unknown gossip option(s) b; allowed: a
-    """
-    unknown = sorted(set(options) - set(defaults))
-    if unknown:
-        raise ValueError(f"unknown {kind} option(s) {', '.join(unknown)}; allowed: {', '.join(defaults)}")
-    return {**defaults, **options}

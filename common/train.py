@@ -249,6 +249,7 @@ class _Run:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     loss_fn: Callable[[Tensor, Tensor], Tensor]
+    trainable: list[nn.Parameter]  # what local gradient clipping clips
     steps_per_epoch: int
     total_steps: int
     eval_every: int
@@ -392,6 +393,7 @@ def _build_run(config: RunConfig, ctx: DistContext, out_dir: Path, strategy: Syn
             optimizer, _schedule(config, total_steps, steps_per_epoch)
         ),
         loss_fn=_loss_fn(train_set.info.kind, config.label_smoothing),
+        trainable=[p for p in model.parameters() if p.requires_grad],
         steps_per_epoch=steps_per_epoch,
         total_steps=total_steps,
         eval_every=(
@@ -486,8 +488,7 @@ def _train_step(run: _Run, batch: Tensor, start: float) -> float:
     with autocast(config, ctx.device):
         loss = strategy.forward_backward(run.model, x, y, run.loss_fn)
     if config.grad_clip_norm is not None:
-        trainable = [p for p in run.model.parameters() if p.requires_grad]
-        torch.nn.utils.clip_grad_norm_(trainable, config.grad_clip_norm)
+        torch.nn.utils.clip_grad_norm_(run.trainable, config.grad_clip_norm)
     strategy.after_backward(run.model)
     run.optimizer.step()
     run.scheduler.step()
