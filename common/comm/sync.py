@@ -28,6 +28,7 @@ from .collectives import (
     get_rank,
     get_world_size,
 )
+from .low_rank import reduce_low_rank
 from .stats import CommStats
 
 log = logging.getLogger(__name__)
@@ -127,6 +128,11 @@ class GradientSync:
                 f"compressor {compressor!r} is not linear: its payloads cannot be summed by an "
                 "all-reduce. Use transport='allgather' (or 'auto')."
             )
+        if compressor.needs.low_rank and transport != "auto":
+            raise ValueError(
+                f"compressor {compressor.name!r} runs its own two all-reduce rounds (needs.low_rank): "
+                f"leave transport at 'auto', got {transport!r}"
+            )
         if bucket_numel is not None and bucket_numel < 1:
             raise ValueError(f"bucket_numel must be None (per tensor) or >= 1, got {bucket_numel}")
         self.compressor = compressor
@@ -146,6 +152,10 @@ class GradientSync:
         # keyed by parameter, not by the order DDP's buckets arrive in, and a resume is bit-exact.
         self._draws: dict[str, int] = {}
         self.param_names: dict[int, str] = {}
+        # Tensor shapes by name (the low-rank route views each tensor as a matrix) and its
+        # warm-started Q per unit (needs.low_rank: common.comm.low_rank).
+        self.shapes: dict[str, torch.Size] = {}
+        self.low_rank_q: dict[str, Tensor] = {}
         self._fp32_checked = False
 
     @property
@@ -170,6 +180,7 @@ class GradientSync:
     def name_parameters(self, module: nn.Module) -> None:
         """Remember parameter names (for residual keys) when only tensors are seen (DDP hook)."""
         self.param_names = {id(p): name for name, p in module.named_parameters()}
+        self.shapes = {name: p.shape for name, p in module.named_parameters()}
 
     # -- the explicit path ------------------------------------------------------------------------
 
@@ -180,6 +191,8 @@ class GradientSync:
         step is counted once, by one of them)."""
         named = [(name, t) for name, t in named_tensors]
         self._check_fp32_layers([name for name, _ in named])
+        if self.compressor.needs.low_rank:
+            self.shapes.update((name, t.shape) for name, t in named)
         for bucket in self._buckets(named):
             names = [name for name, _ in bucket]
             tensors = [t for _, t in bucket]
@@ -226,6 +239,8 @@ class GradientSync:
         """
         if self.compressor.needs.scaled_codes:
             return self._reduce_scaled_codes(names, flat, sizes)
+        if self.compressor.needs.low_rank:
+            return reduce_low_rank(self, list(names), flat, list(sizes))
         steps = [self._compress(*unit) for unit in self._units(names, flat, sizes)]
         with self.stats.phase("communicate", flat.device):
             if self.use_allreduce:
@@ -499,6 +514,7 @@ class GradientSync:
             "error_feedback": self.error_feedback.state_dict() if self.error_feedback is not None else None,
             "draws": dict(self._draws),  # the generators restart from (unit, count): nothing else to keep
             "stats": self.stats.state_dict(),
+            "low_rank_q": {k: v.detach().clone() for k, v in self.low_rank_q.items()},
         }
 
     def load_state_dict(self, state: dict[str, object]) -> None:
@@ -513,4 +529,6 @@ class GradientSync:
                 "not per tensor): it cannot be resumed bit-exactly; start the run afresh (delete its ckpt/)"
             )
         self._draws = dict(state["draws"])  # type: ignore[call-overload]
+        stored_q = cast(dict[str, Tensor], state.get("low_rank_q", {}))
+        self.low_rank_q = {k: v.clone() for k, v in stored_q.items()}
         self.stats.load_state_dict(state["stats"])  # type: ignore[arg-type]

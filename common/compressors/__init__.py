@@ -15,6 +15,7 @@ from .base import Compressor, CompressorRNG, Payload, check_density, num_kept
 from .cast import BF16, FP16
 from .dgc import DGC
 from .identity import Identity
+from .powersgd import PowerSGD
 from .qsgd import QSGD
 from .random_block import RandomBlock
 from .randomk import RandomK
@@ -33,6 +34,7 @@ COMPRESSORS: dict[str, type[Compressor]] = {
     "qsgd": QSGD,
     "dgc": DGC,
     "signsgd": SignSGD,
+    "powersgd": PowerSGD,
 }
 
 
@@ -70,6 +72,7 @@ __all__ = [
     "CompressorRNG",
     "Identity",
     "Payload",
+    "PowerSGD",
     "RandomBlock",
     "RandomK",
     "SignSGD",

@@ -115,11 +115,15 @@ class Needs:
     an agreed scaler, all-reduces the codes' integer sums, whichever sends fewer bits.
     ``dense_tensors``: some tensors are sent uncompressed (:meth:`Compressor.keeps_fp32`), summed in
     one dense fp32 all-reduce beside the codes.
+    ``low_rank``: two rounds with an orthogonalization between them and state kept per tensor
+    (PowerSGD's P then Q, its warm-started Q): GradientSync's low-rank route
+    (:mod:`common.comm.low_rank`) runs the method, the compressor gives its arithmetic.
     """
 
     scaler_round: str | None = None
     scaled_codes: bool = False
     dense_tensors: bool = False
+    low_rank: bool = False
 
     def __post_init__(self) -> None:
         if self.scaler_round not in SCALER_ROUNDS:
@@ -128,6 +132,8 @@ class Needs:
             raise ValueError(
                 "scaler_round and dense_tensors are rounds of the scaled-codes route: declare scaled_codes=True"
             )
+        if self.low_rank and self.scaled_codes:
+            raise ValueError("low_rank and scaled_codes are two different routes: declare one")
 
 
 SCALER_ROUNDS = (None, "max")

@@ -36,6 +36,7 @@ CONFIGS = {
         {"bits": 2, "bucket_size": 100, "encoding": "elias"},
     ],
     "signsgd": [{}, {"scaled": False, "vote": "majority"}],
+    "powersgd": [{}, {"rank": 4, "warm_start": False}],
 }
 CASES = [(name, opts) for name, options in CONFIGS.items() for opts in options]
 
@@ -181,7 +182,7 @@ def test_density_outside_unit_interval_is_rejected(density):
 def test_unknown_name_and_option_errors_list_the_valid_ones():
     with pytest.raises(
         ValueError,
-        match="unknown compressor 'tpok'; valid names: bf16, dgc, fp16, identity, qsgd, random_block, randomk, signsgd, terngrad, topk",
+        match="unknown compressor 'tpok'; valid names: bf16, dgc, fp16, identity, powersgd, qsgd, random_block, randomk, signsgd, terngrad, topk",
     ):
         build_compressor("tpok")
     with pytest.raises(ValueError, match="unknown option.*ratio.*allowed: density"):

@@ -26,7 +26,7 @@ def test_defaults_are_valid_and_fingerprint_ignores_logging_knobs():
         ({"compresor": "topk"}, r"unknown run parameter\(s\) compresor; allowed: dataset, model, "),
         (
             {"compressor": "tpok"},
-            "unknown compressor 'tpok'; valid names: bf16, dgc, fp16, identity, qsgd, random_block, randomk, signsgd, terngrad, topk",
+            "unknown compressor 'tpok'; valid names: bf16, dgc, fp16, identity, powersgd, qsgd, random_block, randomk, signsgd, terngrad, topk",
         ),
         ({"model": "resnet21"}, "unknown model 'resnet21'; valid names: .*resnet20"),
         (

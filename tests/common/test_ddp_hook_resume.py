@@ -26,6 +26,7 @@ COMPRESSORS = {
     "qsgd": {"bits": 4},
     "dgc": {"density": 0.05},
     "signsgd": {},
+    "powersgd": {"rank": 2},
 }
 STEPS, STOP = 7, 3
 

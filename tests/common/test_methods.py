@@ -29,6 +29,7 @@ def test_terngrad_declares_its_rounds_and_the_others_declare_none():
     for name, options in (("identity", {}), ("fp16", {}), ("topk", sparse), ("randomk", sparse),
                           ("random_block", sparse), ("qsgd", {}), ("dgc", sparse), ("signsgd", {})):  # fmt: skip
         assert build_compressor(name, **options).needs == Needs(), name
+    assert build_compressor("powersgd").needs == Needs(low_rank=True)
 
 
 def test_a_declaration_that_no_route_implements_is_refused():
@@ -36,6 +37,8 @@ def test_a_declaration_that_no_route_implements_is_refused():
         Needs(scaler_round="mean", scaled_codes=True)
     with pytest.raises(ValueError, match="declare scaled_codes=True"):
         Needs(dense_tensors=True)
+    with pytest.raises(ValueError, match="two different routes"):
+        Needs(low_rank=True, scaled_codes=True)
     with pytest.raises(ValueError, match="unknown update 'adam'; valid: optimizer, own"):
         MethodNeeds(update="adam")
     with pytest.raises(ValueError, match="says what it exchanges"):
