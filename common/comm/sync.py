@@ -279,8 +279,9 @@ class GradientSync:
     def _units(
         self, names: Sequence[str], flat: Tensor, sizes: Sequence[int]
     ) -> list[tuple[list[str], Tensor, list[int]]]:
-        """What is compressed as one tensor: the whole bucket, or each of its tensors."""
-        if not self.compress_per_tensor or len(names) == 1:
+        """What is compressed as one tensor: the whole bucket, or each of its tensors (not for an
+        elementwise compressor, whose payload is the same either way: one call instead of many)."""
+        if not self.compress_per_tensor or len(names) == 1 or self.compressor.elementwise:
             return [(list(names), flat, list(sizes))]
         return [
             ([n], part, [size]) for n, part, size in zip(names, flat.split(list(sizes)), sizes, strict=True)

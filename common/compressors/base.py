@@ -155,6 +155,10 @@ class Compressor(ABC):
     #: fixed density), so an all-gather needs no preliminary exchange of sizes.
     fixed_size: ClassVar[bool] = False
     needs: Needs = Needs()
+    #: Each entry is compressed on its own (a cast, or nothing): compressing a bucket's tensors one by
+    #: one or the bucket as one flat tensor gives the same payload entries, so GradientSync compresses
+    #: a bucket whole even with ``compress_per_tensor`` (one call per bucket, not one per tensor).
+    elementwise: ClassVar[bool] = False
     #: Sparsifiers: the fraction of entries kept (DGC's warm-up and DEF-A's averager read it);
     #: None for compressors that send every entry.
     density: float | None = None

@@ -20,6 +20,7 @@ class _Cast(Compressor):
     linear = True
     unbiased = False
     fixed_size = True
+    elementwise = True
 
     def compress(self, x: Tensor, rng: CompressorRNG) -> Payload:
         return Payload(wire={"values": x.reshape(-1).to(self.wire_dtype)}, shape=x.shape, dtype=x.dtype)

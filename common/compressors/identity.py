@@ -14,6 +14,7 @@ class Identity(Compressor):
     linear = True
     unbiased = True
     fixed_size = True
+    elementwise = True
 
     def compress(self, x: Tensor, rng: CompressorRNG) -> Payload:
         return Payload(wire={"values": x.reshape(-1)}, shape=x.shape, dtype=x.dtype)
