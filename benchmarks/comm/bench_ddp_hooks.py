@@ -57,6 +57,12 @@ from common.comm import install_ddp_hook
 
 MODELS = {"resnet18": torchvision.models.resnet18, "mobilenet_v2": torchvision.models.mobilenet_v2}
 RANKS = (1, 4)
+# thinwire's other compressors through the same hook (no PyTorch counterpart): the issue-20 figures
+OTHERS = {
+    "topk1_ef": {"compressor": "topk", "density": 0.01, "error_feedback": True},
+    "qsgd4": {"compressor": "qsgd", "bits": 4},
+    "terngrad": {"compressor": "terngrad"},
+}
 COLUMNS = (
     "date",
     "git_sha",
@@ -123,6 +129,12 @@ def build_variants(model_name: str) -> list[Variant]:
         ours = _ddp(model_name, state)
         sync = install_ddp_hook(ours, "powersgd", rank=rank, error_feedback=True)
         variants.append(Variant(f"thinwire_powersgd_r{rank}", ours, _per_step(sync)))
+    for name, options in OTHERS.items():
+        model = _ddp(model_name, state)
+        sync = install_ddp_hook(
+            model, options["compressor"], **{k: v for k, v in options.items() if k != "compressor"}
+        )
+        variants.append(Variant(f"thinwire_{name}", model, _per_step(sync)))
     return variants
 
 

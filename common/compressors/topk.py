@@ -1,16 +1,55 @@
 """Top-k sparsification: keep the k entries of largest magnitude.
 
-Legend: ``values_K`` the kept values, ``indices_K`` their flat positions, K = ceil(density * numel).
+Legend: ``values_K`` the kept values, ``indices_K`` their flat positions, K = ceil(density * numel),
+``abs_N`` the magnitudes of all N entries, ``sample_S`` S of them, ``candidates_C`` the positions at
+or above the sampled threshold.
+
+The selection is exact without a top-k over all N entries (what DGC's code does, here without its
+approximation): a threshold is read off a fixed sample at the magnitude that about 2 K entries
+exceed; the C >= K entries at or above it hold the K largest, whose top-k is taken among them
+(C ~ 2K instead of N). Where fewer than K reach the threshold (the sample overestimated it), a top-k
+over all N entries decides, so the kept magnitudes are always the K largest. Among entries tied at
+the K-th magnitude the choice may differ from a full ``torch.topk``'s (which is unspecified too);
+the magnitudes kept are the same. Measured on one core (2026-12-02): K = 1 % of a 2.36M-entry
+tensor (ResNet-18's largest) 4.5 ms against 34.8 ms for ``torch.topk``; a ResNet-18 DDP step with
+top-k 1 % and error feedback through the hook went from 1.99x to 1.47x a step without a hook
+(``benchmarks/comm/bench_ddp_hooks.py``, 2 ranks).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
 from .base import Compressor, CompressorRNG, Payload, check_density, check_out, index_dtype, num_kept
+
+# Below this many entries, or when K is over a quarter of them, one top-k over everything is as cheap.
+SAMPLED_MIN_NUMEL = 1 << 15
+# The sample holds this many of the entries above the threshold (its quantile's precision), and
+# the threshold is set where about this factor times K entries exceed it.
+SAMPLED_TOP = 256
+CANDIDATE_FACTOR = 2.0
+_STRIDE_PRIME = 1_000_003  # sample positions (i * prime) mod N: spread over every row of a matrix
+
+
+def topk_indices(abs_N: Tensor, k: int) -> Tensor:
+    """Positions of the ``k`` largest entries of ``abs_N`` (module docstring: exact, sampled)."""
+    n = abs_N.numel()
+    if n < SAMPLED_MIN_NUMEL or 4 * k > n:
+        return torch.topk(abs_N, k, sorted=False).indices
+    num_samples = min(n, math.ceil(SAMPLED_TOP * n / (CANDIDATE_FACTOR * k)))
+    rank = max(1, math.ceil(CANDIDATE_FACTOR * k * num_samples / n))
+    if num_samples >= n // 4 or rank >= num_samples:
+        return torch.topk(abs_N, k, sorted=False).indices
+    positions_S = torch.arange(num_samples, device=abs_N.device).mul_(_STRIDE_PRIME).remainder_(n)
+    threshold = torch.topk(abs_N[positions_S], rank, sorted=False).values.min()
+    candidates_C = torch.nonzero(abs_N >= threshold).squeeze(1)
+    if candidates_C.numel() < k:  # the sample put the threshold too high: decide over everything
+        return torch.topk(abs_N, k, sorted=False).indices
+    return candidates_C[torch.topk(abs_N[candidates_C], k, sorted=False).indices]
 
 
 class TopK(Compressor):
@@ -32,7 +71,7 @@ class TopK(Compressor):
     def compress(self, x: Tensor, rng: CompressorRNG) -> Payload:
         flat = x.reshape(-1)
         k = num_kept(flat.numel(), self.density)
-        _, indices_K = torch.topk(flat.abs(), k, sorted=False)
+        indices_K = topk_indices(flat.abs(), k)
         values_K = flat[indices_K]
         return Payload(
             wire={"values": values_K, "indices": indices_K.to(index_dtype(flat.numel()))},

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from common.compressors import COMPRESSORS, CompressorRNG, TopK, build_compressor
+from common.compressors import topk as topk_module
 
 SIZES = [1, 7, 1023, 4097]
 
@@ -127,6 +128,41 @@ def test_topk_keeps_the_largest_magnitudes(numel, density):
     assert torch.equal(out[kept], x[kept])  # kept entries are exact
     if k < numel:
         assert x[kept].abs().min() >= x[~kept].abs().max()
+
+
+def _sampled_cases():
+    g = torch.Generator().manual_seed(7)
+    gaussian = torch.randn(10**6, generator=g)
+    rows = torch.randn(1000, 1000, generator=g) * torch.logspace(-3, 0, 1000)  # one scale per column
+    ties = torch.randn(300_000, generator=g).to(torch.bfloat16).float()  # bf16 grads: many equal
+    sparse = torch.zeros(200_000)
+    sparse[torch.randperm(200_000, generator=g)[:500]] = torch.randn(500, generator=g)  # fewer than k
+    fooled = torch.rand(10**6, generator=g)  # huge values exactly where the sample looks
+    n, k = fooled.numel(), 20_000
+    num_samples = math.ceil(topk_module.SAMPLED_TOP * n / (topk_module.CANDIDATE_FACTOR * k))
+    fooled[torch.arange(num_samples).mul_(topk_module._STRIDE_PRIME).remainder_(n)] += 100.0
+    return {
+        "gaussian": (gaussian, [0.001, 0.01, 0.1]),
+        "columns": (rows.reshape(-1), [0.001, 0.01]),
+        "bf16_ties": (ties, [0.001, 0.01]),
+        "mostly_zero": (sparse, [0.01]),
+        "sample_fooled": (fooled, [k / n]),
+    }
+
+
+@pytest.mark.parametrize("case", ["gaussian", "columns", "bf16_ties", "mostly_zero", "sample_fooled"])
+def test_the_sampled_topk_keeps_exactly_the_largest_magnitudes(case):
+    """Past SAMPLED_MIN_NUMEL top-k selects among the entries above a sampled threshold: the kept
+    magnitudes must be a full torch.topk's, whatever the tensor (ties, zeros, an adversarial sample)."""
+    x, densities = _sampled_cases()[case]
+    for density in densities:
+        k = max(1, math.ceil(density * x.numel() - 1e-9))
+        indices = topk_module.topk_indices(x.abs(), k)
+        assert indices.numel() == k and indices.unique().numel() == k
+        expected = torch.topk(x.abs(), k).values
+        assert torch.equal(x.abs()[indices].sort(descending=True).values, expected), (case, density)
+        if case == "gaussian":  # no ties: the very same positions
+            assert torch.equal(indices.sort().values, torch.topk(x.abs(), k).indices.sort().values)
 
 
 def test_randomk_scaled_is_unbiased_in_expectation():
