@@ -15,6 +15,7 @@ from .strategies import (
     DGCDataParallel,
     SparseDataParallel,
     SyncStrategy,
+    TorchHookDataParallel,
 )
 
 STRATEGIES: dict[str, type[SyncStrategy]] = {
@@ -26,6 +27,7 @@ STRATEGIES: dict[str, type[SyncStrategy]] = {
         SparseDataParallel,
         GossipStrategy,
         CompactDataParallel,
+        TorchHookDataParallel,
     )
 }
 

@@ -9,7 +9,8 @@
 - :class:`DetachedEFDataParallel`: error feedback on the momentum update with a detached gradient
   point (DEF, DEF-A; Xu & Huang 2022), classic EF at mu = 0;
 - :class:`CompactDataParallel`: sparse AxoNN's all-reduce and AdamW over the unpruned entries of a
-  pruned model only (Singh & Bhatele 2023).
+  pruned model only (Singh & Bhatele 2023);
+- :class:`TorchHookDataParallel`: PyTorch's own DDP comm hooks (fp16, bf16, PowerSGD), the peers.
 """
 
 from .base import DataParallel, LossFn, MethodNeeds, SyncStrategy
@@ -17,6 +18,7 @@ from .compact import CompactDataParallel, CompactOptions, check_compact_options
 from .detached import DEFOptions, DetachedEFDataParallel, check_def_options
 from .dgc import DGCDataParallel, DGCOptions, check_dgc_options
 from .sparse import SELECTORS, Partitions, SparseDataParallel, SparseOptions, check_sparse_options
+from .torch_hooks import TorchHookDataParallel, TorchHookOptions
 
 __all__ = [
     "SELECTORS",
@@ -33,6 +35,8 @@ __all__ = [
     "SparseDataParallel",
     "SparseOptions",
     "SyncStrategy",
+    "TorchHookDataParallel",
+    "TorchHookOptions",
     "check_compact_options",
     "check_def_options",
     "check_dgc_options",

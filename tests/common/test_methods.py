@@ -72,7 +72,7 @@ def test_gradient_sync_takes_the_route_the_compressor_declares(tmp_path):
 
 
 def test_every_strategy_is_registered_under_the_name_it_declares():
-    assert list(STRATEGIES) == ["data_parallel", "dgc", "def", "sparse", "gossip", "compact"]
+    assert list(STRATEGIES) == ["data_parallel", "dgc", "def", "sparse", "gossip", "compact", "torch_hook"]
     for name, cls in STRATEGIES.items():
         assert cls.name == name and isinstance(cls.needs, MethodNeeds)
     with pytest.raises(ValueError, match="unknown strategy 'ddp'; valid: data_parallel, dgc, def"):
