@@ -33,6 +33,8 @@ METHOD_COLORS: dict[str, str] = {
     "ef": "#8c564b",
     "exdyna": "#e377c2",
     "powersgd": "#17becf",
+    "torchpowersgd": "#0b6e78",  # PyTorch's own hooks: a darker shade of thinwire's method
+    "torchfp16": "#3f3f3f",
     "signsgd": "#bcbd22",
     "matcha": "#9edae5",
     "vanilla": "#c49c94",
