@@ -55,6 +55,11 @@ class ErrorFeedback:
         for key, part in zip(keys, new, strict=True):
             self.residuals[key] = part
 
+    def clear(self, keys: Sequence[str]) -> None:
+        """Everything of these tensors was sent: no residual (a missing one reads as zeros)."""
+        for key in keys:
+            self.residuals.pop(key, None)
+
     def state_dict(self) -> dict[str, dict[str, Tensor]]:
         return {"residuals": {k: v.detach().clone() for k, v in self.residuals.items()}}
 

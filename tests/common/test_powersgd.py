@@ -151,8 +151,8 @@ def test_error_feedback_conserves_what_was_not_sent(tmp_path):
     for rank, r in enumerate(results):
         residuals = r["state"]["error_feedback"]["residuals"]
         for name, grad in _grads(rank, 0).items():
-            if name == "bias":  # sent whole: nothing left behind
-                assert torch.equal(residuals[name], torch.zeros(20))
+            if name == "bias":  # sent whole: nothing left behind (a missing residual reads as zeros)
+                assert name not in residuals
                 continue
             # compressed: the rank keeps what the shared approximation P Q^T (the mean) leaves out
             sent = r["means"][0][name]
