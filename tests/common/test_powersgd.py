@@ -248,3 +248,30 @@ def test_equals_pytorchs_powersgd_hook_from_the_same_state(tmp_path):
         for theirs, ours in zip(r["theirs"], r["ours"], strict=True):
             for name in theirs:
                 torch.testing.assert_close(ours[name], theirs[name], rtol=1e-5, atol=1e-6)
+
+
+def test_a_flat_bucket_is_compressed_as_a_zero_padded_square():
+    """compress_per_tensor=False: the bucket (17 entries) as a 5 x 5 matrix, 8 zeros of padding
+    (PyTorch's batched hook); one process, so the mean is this rank's own approximation."""
+    a, b = torch.randn(5, generator=torch.Generator().manual_seed(1)), torch.randn(3, 4)
+    flat = torch.cat([a, b.reshape(-1)])
+    sync = GradientSync(
+        build_compressor("powersgd", rank=1),
+        bucket_numel=10**6,
+        compress_per_tensor=False,
+        error_feedback=True,
+    )
+    sync.sync([("a", a), ("b", b)])
+    reference = GradientSync(build_compressor("powersgd", rank=1))
+    q0 = reference.compressor.initial_q(
+        5, 1, reference.unit_rng(["a", "b"], torch.device("cpu")), torch.device("cpu")
+    )  # type: ignore[attr-defined]
+    m = torch.cat([flat, torch.zeros(8)]).view(5, 5)
+    p = orthogonalize_(m @ q0)
+    expected = (p @ (m.T @ p).T).reshape(-1)[:17]
+    torch.testing.assert_close(torch.cat([a, b.reshape(-1)]), expected, rtol=1e-6, atol=1e-6)
+    residuals = sync.error_feedback.state_dict()["residuals"]  # type: ignore[union-attr]
+    torch.testing.assert_close(
+        torch.cat([residuals["a"], residuals["b"]]), flat - expected, rtol=0, atol=1e-6
+    )
+    assert list(sync.low_rank_q) == ["a+b"]
