@@ -1,0 +1,132 @@
+"""Per call: thinwire's top-k, QSGD and TernGrad against GRACE's algorithms written out in plain torch.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/comm/bench_compressors.py            # writes compressors.md
+    PYTHONPATH=. .venv/bin/python benchmarks/comm/bench_compressors.py --no-write
+
+Why: issue 20 measured thinwire against GRACE (sands-lab/grace, ``grace_dl/torch/compressor``),
+whose code is not installable here. Its three compressors are a few torch expressions each, written
+out below as GRACE computes them (top-k: ``topk(|x|)`` then ``gather``, ``zeros().scatter_()`` to
+decompress; QSGD: one l2 norm per tensor, ``uniform_`` noise, int8 levels; TernGrad: 2.5 sigma
+clamp, ``uniform_(0, scalar)``, int8 signs), so the comparison is on this machine, in one process,
+same tensors. thinwire's are the registry's compressors with the suite's options (top-k 1 %, QSGD
+4-bit buckets of 512 fixed-width, TernGrad shared-scaler clipping at 2.5 sigma), bit-packed.
+For each size (1e5, 1e6, 1e7 fp32 entries) and thread count (1, 2) the calls alternate, thinwire then
+GRACE, ``--repeats`` times; reported: median ms of compress and of decompress (one payload) and the
+ratio thinwire / GRACE (below 1: thinwire faster), and the bits each puts on the wire.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from _bench_util import git_sha, now_iso
+
+from common.compressors import CompressorRNG, build_compressor
+
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "compressors.md"
+SIZES = (10**5, 10**6, 10**7)
+THINWIRE = {
+    "topk": ("topk", {"density": 0.01}),
+    "qsgd": ("qsgd", {"bits": 4, "bucket_size": 512, "encoding": "fixed"}),
+    "terngrad": ("terngrad", {"clip": 2.5}),
+}
+
+
+def grace_topk(x: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], Callable[[], torch.Tensor]]:
+    k = max(1, int(x.numel() * 0.01))
+    _, indices = torch.topk(x.abs(), k, sorted=False)
+    values = torch.gather(x, 0, indices)
+    return (values, indices), lambda: torch.zeros(x.numel()).scatter_(0, indices, values)
+
+
+def grace_qsgd(x: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], Callable[[], torch.Tensor]]:
+    levels = 7  # 4 bits: the same number of levels as thinwire's
+    norm = x.norm().flatten()
+    level_float = levels / norm * x.abs()
+    previous = level_float.floor()
+    is_next = (torch.empty_like(x).uniform_() < (level_float - previous)).type(torch.float32)
+    codes = ((previous + is_next) * x.sign()).type(torch.int16).type(torch.int8)
+    return (codes, norm), lambda: norm / levels * codes.type(torch.float32)
+
+
+def grace_terngrad(x: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], Callable[[], torch.Tensor]]:
+    std = torch.sqrt(torch.mean((x - torch.mean(x)) ** 2))
+    c = 2.5 * std.item()
+    gradient = torch.clamp(x, -c, c)
+    abs_gradient = gradient.abs()
+    scalar = abs_gradient.max()
+    signs = gradient.sign() * scalar
+    signs[torch.empty_like(x).uniform_(0, scalar.item()) >= abs_gradient] = 0
+    codes = signs.sign().type(torch.int8)
+    return (codes, scalar.flatten()), lambda: codes.type(torch.float32) * scalar
+
+
+GRACE = {"topk": grace_topk, "qsgd": grace_qsgd, "terngrad": grace_terngrad}
+
+
+def _time(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def measure(name: str, numel: int, repeats: int) -> dict[str, float]:
+    compressor = build_compressor(THINWIRE[name][0], **THINWIRE[name][1])
+    x = torch.randn(numel, generator=torch.Generator().manual_seed(numel))
+    rng = CompressorRNG(0, 0)
+    times: dict[str, list[float]] = {k: [] for k in ("ours_c", "ours_d", "grace_c", "grace_d")}
+    for _ in range(repeats + 1):  # the first round warms up and is dropped
+        start = time.perf_counter()
+        payload = compressor.compress(x, rng)
+        times["ours_c"].append(time.perf_counter() - start)
+        times["ours_d"].append(_time(lambda: compressor.decompress(payload)))
+        start = time.perf_counter()
+        wire, decompress = GRACE[name](x)
+        times["grace_c"].append(time.perf_counter() - start)
+        times["grace_d"].append(_time(decompress))
+    med = {k: statistics.median(v[1:]) for k, v in times.items()}
+    return {
+        **med,
+        "ours_bits": payload.num_bits,
+        "grace_bits": sum(t.numel() * t.element_size() * 8 for t in wire),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args()
+    lines = [
+        "# Per call: thinwire's compressors against GRACE's algorithms (plain torch, this machine)",
+        "",
+        f"`{' '.join(['python', *sys.argv])}` at git {git_sha()}, {now_iso()}; the script's docstring says how.",
+        "Median ms of one call; ratio thinwire / GRACE (below 1: thinwire faster); Mbit on the wire.",
+        "",
+        "| compressor | entries | threads | compress ms (ours / GRACE) | ratio | decompress ms (ours / GRACE) | ratio | Mbit (ours / GRACE) |",
+        "|---|---:|---:|---|---:|---|---:|---|",
+    ]
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        for name in THINWIRE:
+            for numel in SIZES:
+                r = measure(name, numel, args.repeats if numel < 10**7 else max(3, args.repeats // 3))
+                row = (
+                    f"| {name} | {numel:.0e} | {threads} | {r['ours_c'] * 1e3:.2f} / {r['grace_c'] * 1e3:.2f} | "
+                    f"{r['ours_c'] / r['grace_c']:.2f} | {r['ours_d'] * 1e3:.2f} / {r['grace_d'] * 1e3:.2f} | "
+                    f"{r['ours_d'] / r['grace_d']:.2f} | {r['ours_bits'] / 1e6:.3f} / {r['grace_bits'] / 1e6:.3f} |"
+                )
+                print(row, flush=True)
+                lines.append(row)
+    if not args.no_write:
+        RESULTS.write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
