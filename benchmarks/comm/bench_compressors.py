@@ -85,7 +85,7 @@ def measure(name: str, numel: int, repeats: int) -> dict[str, float]:
         start = time.perf_counter()
         payload = compressor.compress(x, rng)
         times["ours_c"].append(time.perf_counter() - start)
-        times["ours_d"].append(_time(lambda: compressor.decompress(payload)))
+        times["ours_d"].append(_time(lambda p=payload: compressor.decompress(p)))
         start = time.perf_counter()
         wire, decompress = GRACE[name](x)
         times["grace_c"].append(time.perf_counter() - start)
