@@ -12,7 +12,9 @@ DDP's default buckets, "Received data size doesn't match expected size", issue 2
 - ``allreduce``: no hook (DDP's built-in fp32 all-reduce), the baseline of every ratio;
 - ``torch_fp16`` / ``thinwire_fp16``: ``fp16_compress_hook`` / ``install_ddp_hook(m, "fp16")``;
 - ``torch_powersgd_rK`` / ``thinwire_powersgd_rK``: ``powerSGD_hook`` (error feedback, warm start,
-  ``start_powerSGD_iter=2``) / ``install_ddp_hook(m, "powersgd", rank=K, error_feedback=True)``.
+  ``start_powerSGD_iter=2``) / ``install_ddp_hook(m, "powersgd", rank=K, error_feedback=True)``;
+- thinwire's top-k 1 % + EF, QSGD 4-bit, TernGrad through ``install_ddp_hook``, and DGC's whole
+  step at 0.1 % (``DGCDataParallel.install``: its hook and its SGD), no PyTorch counterpart.
 
 After warm-up (which runs torch's PowerSGD past its two plain all-reduces) the variants take turns
 step by step, in an order rotated every cycle, so that load from other processes falls on all
@@ -54,6 +56,8 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from common.comm import install_ddp_hook
+from common.compressors import build_compressor
+from common.strategies import DGCDataParallel
 
 MODELS = {"resnet18": torchvision.models.resnet18, "mobilenet_v2": torchvision.models.mobilenet_v2}
 RANKS = (1, 4)
@@ -135,6 +139,11 @@ def build_variants(model_name: str) -> list[Variant]:
             model, options["compressor"], **{k: v for k, v in options.items() if k != "compressor"}
         )
         variants.append(Variant(f"thinwire_{name}", model, _per_step(sync)))
+    model = _ddp(model_name, state)  # DGC's whole step (momentum correction, masking) through the hook
+    dgc = DGCDataParallel(build_compressor("dgc", density=0.001), momentum=0.9, weight_decay=5e-4)
+    variant = Variant("thinwire_dgc", model, _per_step(dgc))
+    variant.optimizer = dgc.install(model, lr=0.01)
+    variants.append(variant)
     return variants
 
 
