@@ -79,12 +79,13 @@ def _counting_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[
     what it hands to the collectives for this bucket (module docstring)."""
     strategy, hook, hook_state = state
     numel = bucket.buffer().numel()
-    before = getattr(hook_state, "total_numel_after_compression", None)
+    half = strategy.options.hook in ("fp16", "bf16")
+    before = 0 if half else hook_state.total_numel_after_compression
     future = hook(hook_state, bucket)
     stats: CommStats = strategy.stats
     if get_world_size() == 1:  # nothing is sent, nothing counted (CommStats)
         return future
-    if before is None:  # fp16 / bf16: the bucket in half precision, one all-reduce
+    if half:  # the bucket in half precision, one all-reduce
         stats.add_call("all_reduce", 16 * numel)
     elif hook_state.total_numel_after_compression == before:  # PowerSGD's plain iterations
         stats.add_call("all_reduce", 32 * numel)
