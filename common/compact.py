@@ -53,9 +53,11 @@ from .pruning import check_masks
 __all__ = [
     "STATE_CATEGORIES",
     "CompactAdamW",
+    "CompactTraining",
     "MaskLayout",
     "compact_all_reduce_",
     "model_state_bytes",
+    "stage_masks",
 ]
 
 log = logging.getLogger(__name__)
@@ -422,3 +424,106 @@ def model_state_bytes(
         out["layout_indices"] = sum(_nbytes(i) for i in layout.indices if i is not None)
     out["total"] = sum(out[k] for k in STATE_CATEGORIES)
     return out
+
+
+# ------------------------------------------------------------------ one pipeline stage's compact state
+#
+# Sparse AxoNN's compact state wired into the pipeline trainer (common.pipeline.PipelineTrainer):
+# :class:`CompactTraining` is both the trainer's optimizer (``zero_grad``, ``step``) and its
+# ``reduce_grads`` hook (:data:`common.pipeline.GradReducer`). Per step, on each rank:
+#
+# 1. the schedule runs forward and backward densely (dense compute, masked dense weights);
+# 2. the kept gradient entries of this stage are packed into one fp32 buffer of K entries (the
+#    :class:`MaskLayout` order, identical on every replica because the masks are the prune stage's
+#    file, checked with a fingerprint all-gather);
+# 3. that buffer is all-reduced *summed* over the stage's replicas (the trainer already scaled the
+#    loss by ``1 / (M R)``): ``K x 32`` bits, no indices;
+# 4. :class:`CompactAdamW` steps on it and writes the master weights into the dense parameters at the
+#    kept positions.
+#
+# ``grads="dense"`` is the paper's (AxoNN's ``PruningAwareAdam``): autograd's dense gradients stay
+# allocated and are packed after the last micro-batch. ``grads="packed"`` (ours, not in the paper)
+# packs each gradient into the compact buffer as soon as autograd has accumulated it
+# (``register_post_accumulate_grad_hook``) and frees it, so no dense gradient outlives its own
+# accumulation: the buffer receives ``g1``, then ``+= g2``... exactly the sums autograd would have
+# formed, and the step is bit-identical to the dense-gradient variant. With no masks every entry is
+# kept: the dense AxoNN step (AdamW on every entry, one flat all-reduce).
+
+
+def stage_masks(module: nn.Module, masks: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """The masks of ``module``'s own parameters (a stage holds some of the model's)."""
+    names = {n for n, _ in module.named_parameters()}
+    return {n: m for n, m in masks.items() if n in names}
+
+
+class CompactTraining:
+    """Compact optimizer state, compact all-reduce and (optionally) packed gradients for one stage."""
+
+    def __init__(
+        self,
+        module: nn.Module,
+        masks: Mapping[str, Tensor],
+        *,
+        lr: float,
+        weight_decay: float,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        grads: str = "dense",
+    ) -> None:
+        if grads not in ("dense", "packed"):
+            raise ValueError(f"grads must be 'dense' or 'packed', got {grads!r}")
+        self.module = module
+        self.grads = grads
+        self.layout = MaskLayout(module, stage_masks(module, masks))
+        self.optimizer = CompactAdamW(
+            module, self.layout, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay
+        )
+        self.compact_grad = torch.zeros(self.layout.num_kept, dtype=torch.float32, device=self.layout.device)
+        self._handles: list[Any] = []
+        if grads == "packed":
+            params = self.layout.check_model(module)
+            for p, idx, off, k in zip(
+                params, self.layout.indices, self.layout.offsets, self.layout.counts, strict=True
+            ):
+                self._handles.append(p.register_post_accumulate_grad_hook(self._packer(idx, off, k)))
+
+    def _packer(self, idx: Tensor | None, offset: int, count: int) -> Any:
+        part = self.compact_grad[offset : offset + count]
+
+        def pack(p: Tensor) -> None:
+            assert p.grad is not None
+            part.add_(p.grad.reshape(-1) if idx is None else masked_compact(p.grad, idx, torch.float32))
+            p.grad = None
+
+        return pack
+
+    def remove_hooks(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    # -- the trainer's optimizer
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+        self.compact_grad.zero_()
+
+    def step(self) -> None:
+        self.optimizer.step(self.compact_grad)
+
+    def set_lr(self, lr: float) -> None:
+        self.optimizer.lr = lr
+
+    # -- the trainer's GradReducer
+    def __call__(self, module: nn.Module, group: ProcessGroup, *, stats: CommStats) -> None:
+        """Sum the compact gradient over the stage's replicas (the loss is already scaled)."""
+        if self.grads == "dense":
+            self.compact_grad.copy_(self.layout.pack_grads(module, torch.float32))
+        if get_world_size(group) > 1:  # the dense reference: a flat all-reduce of every entry
+            stats.dense_bits += self.layout.numel * 32
+            all_reduce_sum_(self.compact_grad, stats=stats, group=group)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state)

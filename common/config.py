@@ -173,6 +173,7 @@ class RunConfig:
 
         cls = strategy_class(self.strategy)
         cls.check_options(self.strategy_options, self.world_size)
+        cls.check_run(self)
         needs, name = cls.needs, self.strategy
         if not needs.compressor and (self.compressor != "identity" or self.error_feedback):
             raise ValueError(

@@ -13,6 +13,7 @@ from .strategies import (
     DataParallel,
     DetachedEFDataParallel,
     DGCDataParallel,
+    PipelineDataParallel,
     SparseDataParallel,
     SyncStrategy,
     TorchHookDataParallel,
@@ -28,6 +29,7 @@ STRATEGIES: dict[str, type[SyncStrategy]] = {
         GossipStrategy,
         CompactDataParallel,
         TorchHookDataParallel,
+        PipelineDataParallel,
     )
 }
 

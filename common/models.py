@@ -645,7 +645,10 @@ class GPT2LanguageModel(nn.Module):
     ``forward(input_ids [B, T])`` returns the logits ``[B, T, V]`` as a plain tensor (no cache, no
     loss). ``dropout`` sets the embedding, attention and residual dropout. Nothing is downloaded:
     only a config is built, never ``from_pretrained``. The output matrix is tied to the token
-    embedding, as in GPT-2.
+    embedding, as in GPT-2, unless ``tied=False`` (a pipeline puts the two on different stages:
+    ``strategy: pipeline``, :class:`common.pipeline.GPT2Stage`). ``self.gpt2`` is the
+    ``transformers.GPT2LMHeadModel``; its parameter names (``transformer.h.0.attn.c_attn.weight``)
+    are the ones mask files and pipeline stages use.
     """
 
     def __init__(
@@ -657,8 +660,11 @@ class GPT2LanguageModel(nn.Module):
         n_embd: int = 128,
         n_positions: int = 256,
         dropout: float = 0.1,
+        tied: bool = True,
     ) -> None:
         super().__init__()
+        if not isinstance(tied, bool):
+            raise ValueError(f"gpt2_small tied must be true or false, got {tied!r}")
         if n_embd % n_head != 0:
             raise ValueError(f"gpt2_small n_embd ({n_embd}) must be divisible by n_head ({n_head})")
         # Imported here: importing transformers takes seconds, and only this model needs it.
@@ -678,6 +684,7 @@ class GPT2LanguageModel(nn.Module):
             # warn; these models never generate, so they need no BOS/EOS token.
             bos_token_id=None,
             eos_token_id=None,
+            tie_word_embeddings=tied,
         )
         self.n_positions = n_positions
         self.gpt2 = GPT2LMHeadModel(config)

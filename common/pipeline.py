@@ -36,6 +36,7 @@ tied gradient between the two stages every step).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -240,6 +241,10 @@ def flat_all_reduce_grads(module: nn.Module, group: ProcessGroup, *, stats: Comm
 # --------------------------------------------------------------------------------------- trainer
 
 
+def _cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
+    return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
 class StepOptimizer(Protocol):
     """What the trainer asks of an optimizer: a ``torch.optim.Optimizer``, or one that keeps its own
     gradient (sparse AxoNN's compact optimizer, whose ``step`` reads the reduced compact buffer)."""
@@ -330,6 +335,8 @@ class PipelineTrainer:
         schedule: str = "gpipe",
         reduce_grads: GradReducer = flat_all_reduce_grads,
         device: torch.device | None = None,
+        loss_fn: Callable[[Tensor, Tensor], Tensor] | None = None,
+        p2p_stats: CommStats | None = None,
     ) -> None:
         if schedule not in SCHEDULES:
             raise ValueError(f"unknown schedule {schedule!r}; valid schedules: {', '.join(SCHEDULES)}")
@@ -348,7 +355,10 @@ class PipelineTrainer:
         self.num_microbatches = num_microbatches
         self.reduce_grads = reduce_grads
         self.device = device or next(module.parameters()).device
-        self.p2p_stats = CommStats()  # ops send_activation / send_activation_grad
+        # The micro-batch loss before AxoNN's 1 / (M R) scaling: mean next-token cross-entropy unless
+        # given (the thinwire loop passes its own, e.g. with label smoothing).
+        self.loss_fn = loss_fn or _cross_entropy
+        self.p2p_stats = p2p_stats or CommStats()  # ops send_activation / send_activation_grad
         self.allreduce_stats = CommStats()  # the GradReducer's collectives
         self.loss_stats = CommStats()
         self._compute = [0.0]
@@ -361,33 +371,42 @@ class PipelineTrainer:
             cls = ScheduleGPipe if schedule == "gpipe" else Schedule1F1B
             self._schedule = cls(stage, num_microbatches, loss_fn=self._timed_loss, scale_grads=False)
 
+    @property
+    def compute_seconds(self) -> float:
+        """This stage's own forward, loss and backward time so far (all steps)."""
+        return self._compute[0]
+
     def _loss(self, logits: Tensor, targets: Tensor) -> Tensor:
         """Micro-batch mean cross-entropy over ``M * R`` (AxoNN's scaling): the sum is the mean."""
-        loss = nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
-        return loss / (self.num_microbatches * self.grid.num_replicas)
+        return self.loss_fn(logits, targets) / (self.num_microbatches * self.grid.num_replicas)
 
     def _timed_loss(self, logits: Tensor, targets: Tensor) -> Tensor:
         with timed(self._compute, self.device):  # the schedule computes the loss outside its stage
             return self._loss(logits, targets)
 
-    def _microbatches(self, inputs: Tensor, targets: Tensor) -> tuple[list[Tensor], list[Tensor]]:
+    def _microbatches(
+        self, inputs: Tensor, targets: Tensor, parts: int, what: str, divisor: str
+    ) -> tuple[list[Tensor], list[Tensor]]:
+        """``inputs``/``targets`` in ``parts`` equal chunks, on the device, the shape checked."""
         if inputs.shape != targets.shape or inputs.dim() != 2:
             raise ValueError(f"inputs and targets must both be [B, T]; got {inputs.shape}, {targets.shape}")
-        parts = self.grid.num_replicas * self.num_microbatches
         if inputs.shape[0] % parts != 0:
-            raise ValueError(
-                f"global batch {inputs.shape[0]} must divide by num_replicas x num_microbatches = {parts}"
-            )
+            raise ValueError(f"{what} {inputs.shape[0]} must divide by {divisor} = {parts}")
         if self._shape is None:
             self._shape = tuple(inputs.shape)
         elif self._shape != tuple(inputs.shape):
             raise ValueError(f"batch shape changed from {self._shape} to {tuple(inputs.shape)}")
-        mine = slice(
-            self.grid.replica * self.num_microbatches, (self.grid.replica + 1) * self.num_microbatches
-        )
-        xs = list(inputs.to(self.device).chunk(parts))[mine]
-        ys = list(targets.to(self.device).chunk(parts))[mine]
-        return xs, ys
+        return list(inputs.to(self.device).chunk(parts)), list(targets.to(self.device).chunk(parts))
+
+    def forward_backward(self, inputs: Tensor, targets: Tensor) -> Tensor | None:
+        """Forward and backward of *this replica's* batch ``[b, T]`` in ``num_microbatches`` micro-
+        batches through the schedule, gradients accumulated (scaled by ``1 / (M R)``), nothing
+        reduced. Returns the replica's mean loss on the last stage, ``None`` on the others.
+        The thinwire loop's strategy (:class:`common.strategies.PipelineDataParallel`) calls this;
+        :meth:`train_step` is the whole step on the global batch."""
+        xs, ys = self._microbatches(inputs, targets, self.num_microbatches, "batch", "num_microbatches")
+        loss = self._run_microbatches(xs, ys)
+        return None if loss is None else loss * self.grid.num_replicas
 
     def _run_microbatches(self, xs: list[Tensor], ys: list[Tensor]) -> Tensor | None:
         """Forward and backward every micro-batch; the replica's summed scaled loss on the last stage."""
@@ -410,7 +429,13 @@ class PipelineTrainer:
 
     def train_step(self, inputs: Tensor, targets: Tensor) -> PipelineStepStats:
         """One optimizer step on the global batch; returns the loss and this rank's traffic."""
-        xs, ys = self._microbatches(inputs, targets)
+        parts = self.grid.num_replicas * self.num_microbatches
+        divisor = "num_replicas x num_microbatches"
+        xs, ys = self._microbatches(inputs, targets, parts, "global batch", divisor)
+        mine = slice(
+            self.grid.replica * self.num_microbatches, (self.grid.replica + 1) * self.num_microbatches
+        )
+        xs, ys = xs[mine], ys[mine]
         before = (self.p2p_stats.bits_sent, self.allreduce_stats.bits_sent, self.loss_stats.bits_sent)
         compute_before = self._compute[0]
         step, pipeline, reduce = [0.0], [0.0], [0.0]

@@ -367,15 +367,21 @@ def _build_run(config: RunConfig, ctx: DistContext, out_dir: Path, strategy: Syn
             f"augment {config.augment!r} is for images; {config.dataset} is {train_set.info.kind}"
         )
     seed_everything(config.seed)  # same model initialisation on every rank
-    model = prepare_model(config, _build_model(config, train_set), train_set, ctx.device)
+
+    def build() -> nn.Module:
+        return prepare_model(config, _build_model(config, train_set), train_set, ctx.device)
+
     strategy = strategy or default_strategy(config)
+    model = strategy.shard(build(), build)  # the whole model, or this rank's pipeline stage
     strategy.setup(model)
     optimizer = _optimizer(config, strategy.param_groups(model))
-    steps_per_epoch = len(_epoch_batches(config, ctx, len(train_set), 0))
+    strategy.attach_optimizer(optimizer)  # its lr, also after a resume replaces its groups
+    steps_per_epoch = len(_epoch_batches(config, strategy, ctx, len(train_set), 0))
     if steps_per_epoch == 0:
+        _, shares = strategy.batch_position(ctx.rank, ctx.world_size)
         raise ValueError(
-            f"{len(train_set)} training examples are fewer than world_size x batch_size = "
-            f"{ctx.world_size} x {config.batch_size}: lower batch_size or raise train_limit"
+            f"{len(train_set)} training examples are fewer than {shares} data-parallel shares x "
+            f"batch_size {config.batch_size}: lower batch_size or raise train_limit"
         )
     total_steps = config.epochs * steps_per_epoch
     if config.max_steps is not None:
@@ -403,15 +409,14 @@ def _build_run(config: RunConfig, ctx: DistContext, out_dir: Path, strategy: Syn
     )
 
 
-def _epoch_batches(config: RunConfig, ctx: DistContext, num_examples: int, epoch: int) -> list[Tensor]:
-    """This rank's batches of ``epoch`` (the same split on every rank, seeded by the run)."""
+def _epoch_batches(
+    config: RunConfig, strategy: SyncStrategy, ctx: DistContext, num_examples: int, epoch: int
+) -> list[Tensor]:
+    """This rank's batches of ``epoch`` (the same split on every rank, seeded by the run): its
+    share of the data is the strategy's (a pipeline's stages share their replica's batches)."""
+    share, shares = strategy.batch_position(ctx.rank, ctx.world_size)
     return epoch_batches(
-        num_examples,
-        config.batch_size,
-        rank=ctx.rank,
-        world_size=ctx.world_size,
-        seed=config.seed,
-        epoch=epoch,
+        num_examples, config.batch_size, rank=share, world_size=shares, seed=config.seed, epoch=epoch
     )
 
 
@@ -444,7 +449,7 @@ def _run_steps(
         start = time.perf_counter()  # a step's time includes drawing its epoch's batches
         epoch, index = divmod(run.step, run.steps_per_epoch)
         if epoch != batches_epoch:
-            batches = _epoch_batches(config, ctx, len(run.train_set), epoch)
+            batches = _epoch_batches(config, run.strategy, ctx, len(run.train_set), epoch)
             batches_epoch = epoch
             if hasattr(run.train_set, "set_epoch"):  # augments as it decodes (ImageNet)
                 run.train_set.set_epoch(epoch)
@@ -529,11 +534,11 @@ def _evaluate_step(run: _Run, tracker: Tracker, epoch: int) -> dict[str, float]:
     """Evaluate the model as the strategy defines it (DEF's virtual iterate, gossip's average);
     after the last step rank 0 also saves it (what the evaluate stage measures on the whole split)."""
     config, ctx = run.config, run.ctx
-    with run.strategy.evaluating(run.model):
-        result = evaluate(run.model, run.test_set, ctx, batch_size=max(config.batch_size, 256), config=config)
+    with run.strategy.evaluating(run.model) as model:
+        result = evaluate(model, run.test_set, ctx, batch_size=max(config.batch_size, 256), config=config)
         if run.step == run.total_steps and ctx.is_main:
             run.out_dir.mkdir(parents=True, exist_ok=True)
-            atomic_write(run.out_dir / MODEL_FILE, lambda p: torch.save(run.model.state_dict(), p))
+            atomic_write(run.out_dir / MODEL_FILE, lambda p: torch.save(model.state_dict(), p))
     # wall_seconds: training time so far (steps only, not evaluation): time-to-accuracy
     run.eval_rows.append({"step": run.step, "epoch": epoch, "wall_seconds": run.elapsed, **result})
     tracker.log_metrics(result, run.step)

@@ -83,6 +83,8 @@ class SyncStrategy:
     needs: ClassVar[MethodNeeds] = MethodNeeds()
     ignores: ClassVar[tuple[tuple[str, Any, str], ...]] = ()
     stats: CommStats
+    _groups: list[dict[str, Any]]  # what param_groups() returned, where a strategy reads its lr
+    _attached: torch.optim.Optimizer | None = None
 
     def __init__(self) -> None:
         self.stats = CommStats()
@@ -99,6 +101,23 @@ class SyncStrategy:
     def from_config(cls, config: RunConfig) -> SyncStrategy:
         """The strategy of a validated run whose ``strategy`` names this class."""
         raise NotImplementedError(f"{cls.__name__} is not built from a run configuration")
+
+    @classmethod
+    def check_run(cls, config: RunConfig) -> None:
+        """Checks of the whole run that the options alone cannot make (the model a strategy needs,
+        a batch it splits), before any process starts; the base has none."""
+
+    def shard(self, model: nn.Module, rebuild: Callable[[], nn.Module]) -> nn.Module:
+        """The module this rank trains, from the built model (called once, before ``setup``).
+
+        Data-parallel and gossip strategies train the whole model; a pipeline keeps this rank's
+        stage, and ``rebuild()`` (a fresh whole model, the run's RNG untouched) for evaluation."""
+        return model
+
+    def batch_position(self, rank: int, world_size: int) -> tuple[int, int]:
+        """``(index, count)`` of this rank's share of the data: ranks with the same index train on
+        the same batches (a pipeline's stages of one replica). Called after ``shard``."""
+        return rank, world_size
 
     def setup(self, model: nn.Module) -> None:
         """Called once, after the model is built and before the first step."""
@@ -123,6 +142,26 @@ class SyncStrategy:
     def param_groups(self, model: nn.Module) -> list[dict[str, Any]]:
         """The optimizer's parameter groups (a strategy may change a group's momentum or decay)."""
         return [{"params": [p for p in model.parameters() if p.requires_grad]}]
+
+    def attach_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """The optimizer built over :meth:`param_groups` (the loop and :meth:`optimizer` call this):
+        where a strategy that applies its own update reads the scheduled learning rate."""
+        self._attached = optimizer
+
+    def scheduled_lr(self) -> float:
+        """This step's learning rate, as the scheduler set it: the attached optimizer's first group.
+
+        Not the dict :meth:`param_groups` returned: ``Optimizer.load_state_dict`` (a resumed run)
+        replaces the optimizer's group dicts, and the scheduler then writes into the new ones
+        (before this was read through the optimizer, a resumed DEF, compact or pipeline run kept
+        the learning rate of its first step). Without an attached optimizer, those dicts."""
+        groups = self._attached.param_groups if self._attached is not None else getattr(self, "_groups", [])
+        if not groups:
+            raise RuntimeError(
+                f"{type(self).__name__} reads the scheduled lr from its optimizer: build the optimizer "
+                "from param_groups() (and attach_optimizer it, as the loop and strategy.optimizer() do)"
+            )
+        return float(groups[0]["lr"])
 
     def set_epoch(self, epoch: float) -> None:
         """Called before every step with the training progress in epochs (step / steps per epoch)."""
@@ -176,11 +215,14 @@ class SyncStrategy:
         StrategyOptimizer.__name__ = StrategyOptimizer.__qualname__ = (
             f"{type(self).__name__}_{optimizer_class.__name__}"
         )
-        return StrategyOptimizer(self.param_groups(model), **kwargs)
+        optimizer = StrategyOptimizer(self.param_groups(model), **kwargs)
+        self.attach_optimizer(optimizer)
+        return optimizer
 
     @contextlib.contextmanager
     def evaluating(self, model: nn.Module) -> Iterator[nn.Module]:
-        """``before_eval`` ... ``after_eval``: the model as the thinwire loop evaluates it."""
+        """``before_eval`` ... ``after_eval``: the model as the thinwire loop evaluates (and saves)
+        it, yielded (a pipeline yields the whole model gathered from its stages)."""
         self.before_eval(model)
         try:
             yield model

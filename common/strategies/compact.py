@@ -131,14 +131,14 @@ class CompactDataParallel(SyncStrategy):
         return self._groups
 
     def after_backward(self, model: nn.Module) -> None:
-        if self.layout is None or self.adam is None or not self._groups:
-            raise RuntimeError("setup() and param_groups() were not called: build the optimizer from them")
+        if self.layout is None or self.adam is None:
+            raise RuntimeError("setup() was not called: build the optimizer with strategy.optimizer()")
         compact = self.layout.pack_grads(model)
         compact_all_reduce_(compact, stats=self.stats)
         if get_world_size() > 1:
             self.stats.dense_bits += self.layout.numel * 32
         self.stats.steps += 1
-        self.adam.lr = float(self._groups[0]["lr"])
+        self.adam.lr = self.scheduled_lr()
         self.adam.step(compact)
         for p in self.layout.check_model(model):
             p.grad = None  # the outer optimizer only schedules the lr

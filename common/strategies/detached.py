@@ -160,7 +160,7 @@ class DetachedEFDataParallel(SyncStrategy):
                 self.x.setdefault(name, p.detach().clone())
 
     def param_groups(self, model: nn.Module) -> list[dict[str, Any]]:
-        # Kept: the scheduler writes this step's learning rate into these very dicts.
+        # Kept for a plain optimizer built from them; the lr is read through the attached one.
         self._groups = [{"params": [p for _, p in self._named(model)], "momentum": 0.0, "weight_decay": 0.0}]
         return self._groups
 
@@ -177,9 +177,7 @@ class DetachedEFDataParallel(SyncStrategy):
     # -- the step -------------------------------------------------------------------------------
 
     def after_backward(self, model: nn.Module) -> None:
-        if not self._groups:
-            raise RuntimeError("param_groups() was not called: the optimizer must be built from it")
-        lr = float(self._groups[0]["lr"])
+        lr = self.scheduled_lr()
         named = [(n, p) for n, p in self._named(model) if p.grad is not None]
         updates: list[tuple[str, Tensor]] = []
         with torch.no_grad():

@@ -87,7 +87,11 @@ def train(
     Returns ``[step, loss]`` rows every ``prune.log_every`` steps (and the last).
     """
     prune, optim = config.prune, config.optim
-    training = CompactTraining(model, masks, optim) if masks is not None else None
+    training = (
+        CompactTraining(model, masks, lr=optim.lr_at(0), weight_decay=optim.weight_decay)
+        if masks is not None
+        else None
+    )
     dense = dense_optimizer(model, optim) if masks is None else None
     stats = CommStats()
     curve = []

@@ -1,108 +1,26 @@
-"""Sparse AxoNN's compact state wired into the pipeline trainer: one object per stage.
+"""Sparse AxoNN's model-state accounting and timing around the pipeline trainer.
 
-:class:`CompactTraining` is both the trainer's optimizer (``zero_grad``, ``step``) and its
-``reduce_grads`` hook (:data:`common.pipeline.GradReducer`). Per step, on each rank:
-
-1. the schedule runs forward and backward densely (dense compute, masked dense weights);
-2. the kept gradient entries of this stage are packed into one fp32 buffer of K entries
-   (:class:`common.compact.MaskLayout`: parameter order, ascending flat position; identical on every
-   replica because the masks are the prune stage's file, checked with a fingerprint all-gather);
-3. that buffer is all-reduced *summed* over the stage's replicas (the trainer already scaled the loss
-   by ``1 / (M R)``): ``K x 32`` bits, no indices;
-4. :class:`common.compact.CompactAdamW` steps on it (fp32 master weights, m and v of K entries) and
-   writes the master weights into the dense parameters at the kept positions.
-
-``grads="dense"`` is the paper's (AxoNN's ``PruningAwareAdam``): autograd's dense gradients stay
-allocated and are packed after the last micro-batch. ``grads="packed"`` (ours, not in the paper)
-packs each gradient into the compact buffer as soon as autograd has accumulated it
-(``register_post_accumulate_grad_hook``) and frees it, so no dense gradient outlives its own
-accumulation: the buffer receives ``g1``, then ``+= g2``... exactly the sums autograd would have
-formed, and the step is bit-identical to the dense-gradient variant.
+The compact state itself (:class:`common.compact.CompactTraining`: compact AdamW, compact
+all-reduce, packed gradients) lives in ``common`` since the thinwire loop trains pipeline stages
+too (``strategy: pipeline``); it is re-exported here for the prune and train stages.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import Tensor, nn
+from torch import nn
 
-from common.comm import CommStats, all_reduce_sum_, get_world_size
-from common.compact import STATE_CATEGORIES, CompactAdamW, MaskLayout, model_state_bytes
+from common.comm import CommStats, get_world_size
+from common.compact import STATE_CATEGORIES, CompactAdamW, CompactTraining, model_state_bytes, stage_masks
 from common.pipeline import ProcessGroup
-from kernels.masked_compact import masked_compact
 
 from .config import OptimConfig
 
-
-def stage_masks(module: nn.Module, masks: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """The masks of ``module``'s own parameters (a stage holds some of the model's)."""
-    names = {n for n, _ in module.named_parameters()}
-    return {n: m for n, m in masks.items() if n in names}
-
-
-class CompactTraining:
-    """Compact optimizer state, compact all-reduce and (optionally) packed gradients for one stage."""
-
-    def __init__(
-        self, module: nn.Module, masks: Mapping[str, Tensor], optim: OptimConfig, *, grads: str = "dense"
-    ) -> None:
-        if grads not in ("dense", "packed"):
-            raise ValueError(f"grads must be 'dense' or 'packed', got {grads!r}")
-        self.module = module
-        self.grads = grads
-        self.layout = MaskLayout(module, stage_masks(module, masks))
-        self.optimizer = CompactAdamW(module, self.layout, lr=optim.lr_at(0), weight_decay=optim.weight_decay)
-        self.compact_grad = torch.zeros(self.layout.num_kept, dtype=torch.float32, device=self.layout.device)
-        self._handles: list[Any] = []
-        if grads == "packed":
-            params = self.layout.check_model(module)
-            for p, idx, off, k in zip(
-                params, self.layout.indices, self.layout.offsets, self.layout.counts, strict=True
-            ):
-                self._handles.append(p.register_post_accumulate_grad_hook(self._packer(idx, off, k)))
-
-    def _packer(self, idx: Tensor | None, offset: int, count: int) -> Any:
-        part = self.compact_grad[offset : offset + count]
-
-        def pack(p: Tensor) -> None:
-            assert p.grad is not None
-            part.add_(p.grad.reshape(-1) if idx is None else masked_compact(p.grad, idx, torch.float32))
-            p.grad = None
-
-        return pack
-
-    def remove_hooks(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
-
-    # -- the trainer's optimizer
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.optimizer.zero_grad(set_to_none=set_to_none)
-        self.compact_grad.zero_()
-
-    def step(self) -> None:
-        self.optimizer.step(self.compact_grad)
-
-    def set_lr(self, lr: float) -> None:
-        self.optimizer.lr = lr
-
-    # -- the trainer's GradReducer
-    def __call__(self, module: nn.Module, group: ProcessGroup, *, stats: CommStats) -> None:
-        """Sum the compact gradient over the stage's replicas (the loss is already scaled)."""
-        if self.grads == "dense":
-            self.compact_grad.copy_(self.layout.pack_grads(module, torch.float32))
-        stats.dense_bits += self.layout.numel * 32
-        if get_world_size(group) > 1:
-            all_reduce_sum_(self.compact_grad, stats=stats, group=group)
-
-    def state_bytes(self) -> dict[str, int]:
-        """This stage's model state by category, from the tensors (see :func:`state_bytes`)."""
-        return state_bytes(self.module, self.optimizer, packed=self.grads == "packed")
+__all__ = ["CompactTraining", "TimedReduce", "dense_optimizer", "stage_masks", "state_bytes"]
 
 
 def state_bytes(

@@ -214,7 +214,9 @@ def train_run(
         optimizer: Any = dense
         reducer: Any = flat_all_reduce_grads
     else:
-        training = CompactTraining(stage, masks, optim, grads=spec.grads)
+        training = CompactTraining(
+            stage, masks, lr=optim.lr_at(0), weight_decay=optim.weight_decay, grads=spec.grads
+        )
         training.layout.verify_across_ranks(group=grid.data_parallel_group)  # same masks, same order
         optimizer = reducer = training
     timed_reduce = TimedReduce(reducer)
@@ -269,7 +271,11 @@ def train_run(
             )
     wall = time.perf_counter() - start
     timed = rows[train.timing_skip :]
-    state = training.state_bytes() if training is not None else state_bytes(stage, optimizer)
+    state = (
+        state_bytes(stage, training.optimizer, packed=training.grads == "packed")
+        if training is not None
+        else state_bytes(stage, optimizer)
+    )
     num_params = dense_numel(stage)
     mine = {
         "rank": ctx.rank,

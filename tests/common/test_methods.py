@@ -72,7 +72,9 @@ def test_gradient_sync_takes_the_route_the_compressor_declares(tmp_path):
 
 
 def test_every_strategy_is_registered_under_the_name_it_declares():
-    assert list(STRATEGIES) == ["data_parallel", "dgc", "def", "sparse", "gossip", "compact", "torch_hook"]
+    assert list(STRATEGIES) == [
+        "data_parallel", "dgc", "def", "sparse", "gossip", "compact", "torch_hook", "pipeline",
+    ]  # fmt: skip
     for name, cls in STRATEGIES.items():
         assert cls.name == name and isinstance(cls.needs, MethodNeeds)
     with pytest.raises(ValueError, match="unknown strategy 'ddp'; valid: data_parallel, dgc, def"):
@@ -137,3 +139,36 @@ def test_every_strategy_has_typed_frozen_options():
             options.anything = 1  # type: ignore[attr-defined]  # frozen: a run cannot change them
     dgc = STRATEGIES["dgc"].check_options({"warmup": [0.25, 0.0625]}, 2)
     assert dgc.warmup == (0.25, 0.0625)  # type: ignore[attr-defined]  # YAML's list, kept as a tuple
+
+
+def _def_strategy() -> SyncStrategy:
+    from common.strategies import DetachedEFDataParallel
+
+    return DetachedEFDataParallel(
+        build_compressor("random_block", density=0.5), momentum=0.9, weight_decay=0.0
+    )
+
+
+def _compact_strategy() -> SyncStrategy:
+    from common.strategies import CompactDataParallel
+
+    return CompactDataParallel({"0.weight": torch.ones(3, 4, dtype=torch.bool)})
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before")
+@pytest.mark.parametrize("make", [_def_strategy, _compact_strategy], ids=["def", "compact"])
+def test_a_strategy_reads_the_scheduled_lr_through_its_optimizer_also_after_a_resume(make):
+    """``Optimizer.load_state_dict`` (what a resumed run does) replaces the optimizer's group dicts and
+    the scheduler writes into the new ones: a strategy that kept the dicts it returned read the lr of
+    its first step for the rest of a resumed run (found with the pipeline's resume test)."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3))
+    strategy = make()
+    optimizer = strategy.optimizer(
+        model, torch.optim.AdamW if "Compact" in type(strategy).__name__ else torch.optim.SGD, lr=0.5
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: (step + 1) / 4)
+    assert strategy.scheduled_lr() == 0.125
+    optimizer.load_state_dict(optimizer.state_dict())  # resume: new group dicts
+    scheduler.step()
+    assert optimizer.param_groups[0]["lr"] == 0.25
+    assert strategy.scheduled_lr() == 0.25
