@@ -19,6 +19,7 @@ from typing import Any
 OPTIMIZERS = ("sgd", "adamw")
 AUGMENTATIONS = ("none", "crop_flip", "flip_translate")  # common.data.augment (validation imports no torch)
 LR_SCHEDULES = ("constant", "cosine", "step", "linear")
+SAMPLINGS = ("epochs", "draws")  # common.data.sampling
 PRECISIONS = ("fp32", "bf16")  # bf16: autocast of the forward and backward; weights and gradients stay fp32
 
 
@@ -73,6 +74,12 @@ class RunConfig:
     # {"test_accuracy": 0.99} (>=) or {"test_loss": 1.6} (<=). Unlike max_steps, the lr schedule
     # still spans every step, so up to the stop the run is the full run's trajectory.
     stop_at: dict[str, float] = field(default_factory=dict)
+    # How a step's examples are chosen: "epochs" (each epoch a permutation, cut into every rank's
+    # batches) or "draws" (each step draws its global batch with replacement from a generator seeded
+    # by (seed, first_step + step), each data-parallel share taking its consecutive part: sparse
+    # AxoNN's, where a retraining from the rewind step continues its dense run's data order).
+    sampling: str = "epochs"
+    first_step: int = 0  # draws only: the draw of the run's first step
     train_limit: int | None = None  # first N training examples only (smoke/cpu scale)
     eval_limit: int | None = None
     seq_len: int = 64  # language-model datasets
@@ -146,12 +153,15 @@ class RunConfig:
             ("augment", AUGMENTATIONS),
             ("lr_schedule", LR_SCHEDULES),
             ("precision", PRECISIONS),
+            ("sampling", SAMPLINGS),
         ):
             if getattr(self, name) not in choices:
                 raise ValueError(f"unknown {name} {getattr(self, name)!r}; valid: {', '.join(choices)}")
         for name, (low, high, low_open, high_open, allow_none) in _RANGES.items():
             _check_number(name, getattr(self, name), low, high, low_open, high_open, allow_none)
-        for name in ("lr_warmup_steps", "max_restarts", "seed"):
+        if self.first_step and self.sampling != "draws":
+            raise ValueError(f"first_step {self.first_step} needs sampling: draws, got {self.sampling!r}")
+        for name in ("lr_warmup_steps", "max_restarts", "seed", "first_step"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
@@ -212,6 +222,9 @@ class RunConfig:
             "max_restarts",
         }
         values = {k: v for k, v in self.to_dict().items() if k not in ignore}
+        for key, default in (("sampling", "epochs"), ("first_step", 0)):  # added later: at their defaults,
+            if values[key] == default:  # a run keeps the fingerprint (and checkpoints) it had before
+                del values[key]
         return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 

@@ -329,7 +329,7 @@ class PipelineTrainer:
         self,
         module: nn.Module,
         grid: ProcessGrid,
-        optimizer: StepOptimizer,
+        optimizer: StepOptimizer | None,
         *,
         num_microbatches: int,
         schedule: str = "gpipe",
@@ -401,12 +401,12 @@ class PipelineTrainer:
     def forward_backward(self, inputs: Tensor, targets: Tensor) -> Tensor | None:
         """Forward and backward of *this replica's* batch ``[b, T]`` in ``num_microbatches`` micro-
         batches through the schedule, gradients accumulated (scaled by ``1 / (M R)``), nothing
-        reduced. Returns the replica's mean loss on the last stage, ``None`` on the others.
+        reduced. Returns, on the last stage, the replica's share of the global mean loss (the sum of
+        its scaled micro-batch losses: summed over the replicas it is the mean), ``None`` elsewhere.
         The thinwire loop's strategy (:class:`common.strategies.PipelineDataParallel`) calls this;
         :meth:`train_step` is the whole step on the global batch."""
         xs, ys = self._microbatches(inputs, targets, self.num_microbatches, "batch", "num_microbatches")
-        loss = self._run_microbatches(xs, ys)
-        return None if loss is None else loss * self.grid.num_replicas
+        return self._run_microbatches(xs, ys)
 
     def _run_microbatches(self, xs: list[Tensor], ys: list[Tensor]) -> Tensor | None:
         """Forward and backward every micro-batch; the replica's summed scaled loss on the last stage."""
@@ -439,6 +439,8 @@ class PipelineTrainer:
         before = (self.p2p_stats.bits_sent, self.allreduce_stats.bits_sent, self.loss_stats.bits_sent)
         compute_before = self._compute[0]
         step, pipeline, reduce = [0.0], [0.0], [0.0]
+        if self.optimizer is None:
+            raise ValueError("train_step needs the trainer's optimizer (this trainer was built without one)")
         with timed(step, self.device):
             self.optimizer.zero_grad(set_to_none=True)
             with timed(pipeline, self.device):

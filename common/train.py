@@ -40,7 +40,7 @@ from torch import Tensor, nn
 from .checkpoint import Checkpointer
 from .comm.collectives import get_world_size
 from .config import RunConfig, stop_reached
-from .data import Dataset, epoch_batches, load_dataset
+from .data import Dataset, drawn_batch, epoch_batches, load_dataset
 from .data.augment import augment_batch, augment_generator
 from .distributed import DistContext, barrier, init_from_env, is_collective_timeout, seed_everything
 from .fileio import atomic_write, atomic_write_json, atomic_write_text
@@ -67,6 +67,7 @@ class StepInfo:
     loss: float  # this rank's loss at this step
     logged: dict[str, float] = field(default_factory=dict)  # mean-over-ranks values, on log steps
     last: bool = False  # the run's last step (total_steps, or where stop_at was reached)
+    seconds: float = 0.0  # this step's time on this rank, as the loop times it (not the evaluation)
 
 
 Callback = Callable[[StepInfo], None]
@@ -263,6 +264,7 @@ class _Run:
     run_id: str | None = None
     tracking_partial: bool = False  # a previous attempt lost its tracking mid-run
     stopped: bool = False  # stop_at reached (a time-to-target run ends at that evaluation)
+    step_seconds: float = 0.0  # the last step's time (StepInfo.seconds)
 
     def checkpoint_state(self, tracking_partial: bool) -> dict[str, Any]:
         return {
@@ -420,6 +422,20 @@ def _epoch_batches(
     )
 
 
+def _drawn_batch(run: _Run) -> Tensor:
+    """This rank's batch of the step ``run.step`` draws (``sampling: draws``)."""
+    share, shares = run.strategy.batch_position(run.ctx.rank, run.ctx.world_size)
+    config = run.config
+    return drawn_batch(
+        len(run.train_set),
+        config.batch_size,
+        rank=share,
+        world_size=shares,
+        seed=config.seed,
+        step=config.first_step + run.step,
+    )
+
+
 def _run_tags(run: _Run, run_name: str, tags: dict[str, str] | None) -> dict[str, str]:
     return {
         "git_sha": git_sha(),
@@ -449,11 +465,13 @@ def _run_steps(
         start = time.perf_counter()  # a step's time includes drawing its epoch's batches
         epoch, index = divmod(run.step, run.steps_per_epoch)
         if epoch != batches_epoch:
-            batches = _epoch_batches(config, run.strategy, ctx, len(run.train_set), epoch)
+            if config.sampling == "epochs":
+                batches = _epoch_batches(config, run.strategy, ctx, len(run.train_set), epoch)
             batches_epoch = epoch
             if hasattr(run.train_set, "set_epoch"):  # augments as it decodes (ImageNet)
                 run.train_set.set_epoch(epoch)
-        loss_value = _train_step(run, batches[index], start)
+        batch = batches[index] if config.sampling == "epochs" else _drawn_batch(run)
+        loss_value = _train_step(run, batch, start)
         logged: dict[str, float] = {}
         if run.step % run.log_every == 0 or run.step == run.total_steps:
             logged = _log_step(run, tracker, epoch)
@@ -467,6 +485,7 @@ def _run_steps(
             loss=loss_value,
             logged=logged,
             last=run.step == run.total_steps or run.stopped,
+            seconds=run.step_seconds,
         )
         for callback in callbacks:
             callback(info)
@@ -505,6 +524,7 @@ def _train_step(run: _Run, batch: Tensor, start: float) -> float:
     run.window[0] += loss_value
     run.window[1] += 1
     step_seconds = time.perf_counter() - start
+    run.step_seconds = step_seconds
     run.elapsed += step_seconds
     run.non_comm.append(step_seconds - (strategy.stats.seconds["communicate"] - comm_before))
     return loss_value

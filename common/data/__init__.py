@@ -13,7 +13,7 @@ the same cold data set at once, and only one decodes it.
 from .base import SPLITS, DataError, Dataset, DatasetInfo, DatasetSource
 from .images import ImageDataset
 from .load import DATASETS, load_dataset
-from .sampling import epoch_batches
+from .sampling import drawn_batch, epoch_batches
 from .text import TextDataset
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
     "DatasetSource",
     "ImageDataset",
     "TextDataset",
+    "drawn_batch",
     "epoch_batches",
     "load_dataset",
 ]

@@ -1,4 +1,4 @@
-"""Per-epoch sharded sampling for data-parallel training."""
+"""Sharded sampling for data-parallel training: per-epoch permutations, or per-step draws."""
 
 from __future__ import annotations
 
@@ -54,3 +54,28 @@ def epoch_batches(
     perm = torch.randperm(num_examples, generator=generator)
     shard = perm[rank::world_size][: num_batches * batch_size]
     return list(shard.view(num_batches, batch_size).unbind(0))
+
+
+def drawn_batch(
+    num_examples: int, batch_size: int, *, rank: int, world_size: int, seed: int, step: int
+) -> torch.Tensor:
+    """This rank's batch of step ``step`` when every step draws its own (``sampling: draws``).
+
+    The global batch, ``world_size x batch_size`` indices, is drawn uniformly with replacement from a
+    private generator seeded by ``seed * 1_000_003 + step`` (sparse AxoNN's stage's rule: every
+    method and every retraining sees the same examples at the same step); rank ``r`` takes its
+    consecutive ``batch_size`` of them, ``[r b, (r + 1) b)``, as a pipeline splits a global batch
+    over its replicas. The global RNG is not touched.
+    """
+    num_examples, batch_size = _as_int("num_examples", num_examples), _as_int("batch_size", batch_size)
+    rank, world_size = _as_int("rank", rank), _as_int("world_size", world_size)
+    seed, step = _as_int("seed", seed), _as_int("step", step)
+    if num_examples < 1:
+        raise ValueError(f"num_examples must be >= 1, got {num_examples}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    draw = torch.randint(num_examples, (world_size * batch_size,), generator=generator)
+    return draw[rank * batch_size : (rank + 1) * batch_size]

@@ -15,16 +15,22 @@ makes the sum the mean over the global batch) and AdamW steps:
 
 - with ``masks`` (the prune stage's file): sparse AxoNN. Only the unpruned entries are all-reduced,
   in one compact vector, and AdamW keeps fp32 master weights and moments of those entries only
-  (:class:`common.compact.CompactTraining`); pruned weights stay exactly zero;
-- without: dense AxoNN, the same step with every entry kept (one flat all-reduce, AdamW on every
-  entry; :class:`common.compact.CompactAdamW` equals ``torch.optim.AdamW(foreach=False)``).
+  (:class:`common.compact.CompactTraining`); pruned weights stay exactly zero. ``compute: csr``
+  also runs the pruned layers as CSR matmuls (the Sputnik-like baseline, ``common.sparse_compute``);
+- without: dense AxoNN, one flat all-reduce of the stage's gradients and the run's AdamW on every
+  entry (its optimizer state is torch's: m and v, no fp32 master copy).
+
+``init`` starts from a saved whole model (the prune stage's rewind point); with ``sampling: draws``
+and ``first_step`` the run then sees the global batches its dense run saw from that step on: the
+paper stage's lottery-ticket retraining (``papers/sparse_axonn/train.py``).
 
 Bits on the wire (``stats``): the activations and activation gradients this rank sends, and the
 stage's all-reduce; ``dense_bits`` is the same step without pruning (the activations are dense
-either way), so the compression factor is the traffic saved by pruning. The loss of the replica is
-broadcast from its last stage to its other stages for the training curve (one scalar a step,
-instrumentation, not counted). Evaluation gathers replica 0's stages into a whole model on every
-rank (not counted either), which is also what the run saves as ``model.pt``.
+either way), so the compression factor is the traffic saved by pruning. The step's loss is the
+paper's: the last stages' shares all-reduced over the world, the mean over the global batch on
+every rank (one scalar a step, counted apart in ``loss_stats``). ``last_step`` holds what one step
+sent and took, per phase (the paper stage's per-step rows). Evaluation gathers replica 0's stages
+into a whole model on every rank (not counted), which is also what the run saves as ``model.pt``.
 """
 
 from __future__ import annotations
@@ -41,11 +47,13 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from ..comm.collectives import get_world_size, is_distributed
+from ..comm.collectives import all_reduce_sum_, get_world_size, is_distributed
+from ..comm.stats import CommStats
 from ..compact import CompactTraining, stage_masks
 from ..options import Options
-from ..pipeline import SCHEDULES, GPT2Stage, PipelineTrainer, ProcessGrid, grid_shape
+from ..pipeline import SCHEDULES, GPT2Stage, PipelineTrainer, ProcessGrid, flat_all_reduce_grads, grid_shape
 from ..pruning import apply_masks, load_masks
+from ..sparse_compute import to_sparse_compute
 from .base import LossFn, MethodNeeds, SyncStrategy
 
 if TYPE_CHECKING:
@@ -67,6 +75,9 @@ class PipelineOptions(Options):
     schedule: str = "gpipe"  # or 1f1b (needs microbatches >= stages)
     masks: str | None = None  # the prune stage's mask file: sparse AxoNN; none: dense AxoNN
     grads: str = "dense"  # "packed": each gradient packed into the compact vector as it is accumulated
+    compute: str = "dense"  # "csr": the masked linear layers as CSR matmuls (needs masks)
+    init: str | None = None  # a whole-model state to start from (the prune stage's rewind point)
+    wait_barrier: bool = False  # time the wait for the stage's replicas apart from the all-reduce
     betas: tuple[float, ...] = (0.9, 0.999)
     eps: float = 1e-8
 
@@ -89,6 +100,15 @@ class PipelineOptions(Options):
             )
         if self.grads not in ("dense", "packed"):
             raise ValueError(f"pipeline grads must be dense or packed, got {self.grads!r}")
+        if self.compute not in ("dense", "csr"):
+            raise ValueError(f"pipeline compute must be dense or csr, got {self.compute!r}")
+        if self.masks is None and (self.compute != "dense" or self.grads != "dense"):
+            raise ValueError(
+                f"pipeline compute {self.compute!r} / grads {self.grads!r} need masks (a pruned model); "
+                "dense AxoNN takes compute: dense, grads: dense"
+            )
+        if self.init is not None and (not isinstance(self.init, str) or not self.init):
+            raise ValueError(f"pipeline init must name a saved model state (a path), got {self.init!r}")
         if not isinstance(self.betas, list | tuple) or len(self.betas) != 2:
             raise ValueError(f"pipeline betas must be a pair [beta1, beta2], got {self.betas!r}")
 
@@ -148,8 +168,11 @@ class PipelineDataParallel(SyncStrategy):
         self.weight_decay = weight_decay
         self.grid: ProcessGrid | None = None
         self.trainer: PipelineTrainer | None = None
-        self.training: CompactTraining | None = None
+        self.training: CompactTraining | None = None  # with masks; None: dense AxoNN
+        self.loss_stats = CommStats()  # the loss all-reduce (instrumentation, not training traffic)
+        self.last_step: dict[str, float] = {}
         self._rebuild: Callable[[], nn.Module] | None = None
+        self._reduce: Any = None  # the GradReducer: the flat dense all-reduce, or the compact one
         self._groups: list[dict[str, Any]] = []
         self._num_params = 0
 
@@ -182,6 +205,8 @@ class PipelineDataParallel(SyncStrategy):
             if not path.is_file():
                 raise FileNotFoundError(f"pipeline masks {path} does not exist: run the prune stage first")
             masks = load_masks(path).masks
+        if options.init is not None and not Path(options.init).is_file():
+            raise FileNotFoundError(f"pipeline init {options.init} does not exist: run the prune stage first")
         return cls(options, masks, weight_decay=config.weight_decay)
 
     # -- the loop's hooks ----------------------------------------------------------------------
@@ -189,10 +214,27 @@ class PipelineDataParallel(SyncStrategy):
     def shard(self, model: nn.Module, rebuild: Callable[[], nn.Module]) -> nn.Module:
         """This rank's stage of ``model``; ``rebuild()`` makes a fresh whole model for evaluation."""
         inner = _language_model(model)
+        if self.options.init is not None:
+            state = torch.load(self.options.init, map_location="cpu", weights_only=True)
+            try:
+                inner.load_state_dict(state)
+            except RuntimeError as error:
+                first = " ".join(str(error).splitlines()[:3])
+                raise ValueError(
+                    f"pipeline init {self.options.init} does not fit the model: {first}"
+                ) from None
+        self._prepare(inner)
         blocks: Any = inner.transformer.h  # type: ignore[union-attr]
         self.grid = ProcessGrid.create(self.options.stages, num_blocks=len(blocks))
         self._rebuild = rebuild
         return GPT2Stage(inner, self.grid.stage, self.grid.num_stages)
+
+    def _prepare(self, inner: nn.Module) -> None:
+        """The pruned model: masks applied, and the masked layers as CSR matmuls with ``compute: csr``."""
+        if self.masks:
+            apply_masks(inner, self.masks)
+            if self.options.compute == "csr":
+                to_sparse_compute(inner, self.masks)
 
     def batch_position(self, rank: int, world_size: int) -> tuple[int, int]:
         """The stages of a replica train on the same batch: the data is split over the replicas."""
@@ -206,65 +248,100 @@ class PipelineDataParallel(SyncStrategy):
             with torch.no_grad():
                 for t in [*model.parameters(), *model.buffers()]:
                     dist.broadcast(t.data, src=source, group=grid.data_parallel_group)
-        masks = stage_masks(model, self.masks or {})
-        apply_masks(model, masks)
-        betas = (float(self.options.betas[0]), float(self.options.betas[1]))
-        self.training = CompactTraining(
-            model,
-            masks,
-            lr=0.0,
-            weight_decay=self.weight_decay,
-            betas=betas,
-            eps=self.options.eps,
-            grads=self.options.grads,
-        )
-        # set-up: 32 bytes a rank, not training traffic
-        self.training.layout.verify_across_ranks(group=grid.data_parallel_group)
+        reduce: Any = flat_all_reduce_grads
+        if self.masks is not None:
+            self.training = CompactTraining(
+                model,
+                stage_masks(model, self.masks),
+                lr=0.0,
+                weight_decay=self.weight_decay,
+                betas=self._betas(),
+                eps=self.options.eps,
+                grads=self.options.grads,
+            )
+            # set-up: 32 bytes a rank, not training traffic
+            self.training.layout.verify_across_ranks(group=grid.data_parallel_group)
+            reduce = self.training
+        self._reduce = reduce
         self._num_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
         device = next(model.parameters()).device
         self.trainer = PipelineTrainer(
             model,
             grid,
-            self.training,
+            None,  # the loop steps: forward_backward, then after_backward
             num_microbatches=self.options.microbatches,
             schedule=self.options.schedule,
-            reduce_grads=self.training,
+            reduce_grads=reduce,
             device=device,
             p2p_stats=self.stats,
         )
 
+    def _betas(self) -> tuple[float, float]:
+        return float(self.options.betas[0]), float(self.options.betas[1])
+
     def param_groups(self, model: nn.Module) -> list[dict[str, Any]]:
-        """One group for the optimizer's scheduled lr (no decay: the compact AdamW applies it)."""
-        self._groups = [{"params": [p for p in model.parameters() if p.requires_grad], "weight_decay": 0.0}]
+        """Dense AxoNN: the run's AdamW steps (with the options' betas and eps). Sparse: one group
+        for the scheduled lr only (no decay, no gradient: the compact AdamW steps)."""
+        params = [p for p in model.parameters() if p.requires_grad]
+        if self.masks is None:
+            self._groups = [{"params": params, "betas": self._betas(), "eps": self.options.eps}]
+        else:
+            self._groups = [{"params": params, "weight_decay": 0.0}]
         return self._groups
 
     def forward_backward(self, model: nn.Module, x: Tensor, y: Tensor, loss_fn: LossFn) -> Tensor:
-        trainer, training, grid = self._trainer(), self._training(), self._grid()
+        trainer, grid = self._trainer(), self._grid()
         trainer.loss_fn = loss_fn
-        training.compact_grad.zero_()  # packed gradients accumulate into it
+        if self.training is not None:
+            self.training.compact_grad.zero_()  # packed gradients accumulate into it
         sent, compute = self.stats.bits_sent, trainer.compute_seconds
         start = time.perf_counter()
-        loss = trainer.forward_backward(x, y)
-        if grid.num_stages > 1:  # transfers and waiting for the neighbours: the pipeline phase less compute
-            pipeline = time.perf_counter() - start
-            self.stats.seconds["communicate"] += pipeline - (trainer.compute_seconds - compute)
-        self.stats.dense_bits += self.stats.bits_sent - sent  # activations: dense either way
-        out = torch.zeros((), device=trainer.device) if loss is None else loss.detach().float()
-        if grid.num_stages > 1:  # the replica's loss on its every stage (instrumentation)
-            dist.broadcast(
-                out, src=grid.rank_of(grid.num_stages - 1, grid.replica), group=grid.pipeline_group
-            )
-        return out
+        share = trainer.forward_backward(x, y)
+        pipeline = time.perf_counter() - start
+        p2p_bits = self.stats.bits_sent - sent
+        self.stats.dense_bits += p2p_bits  # activations: dense either way
+        compute = trainer.compute_seconds - compute
+        p2p_seconds = pipeline - compute if grid.num_stages > 1 else 0.0  # transfers and the bubble
+        self.stats.seconds["communicate"] += p2p_seconds
+        # The paper's loss: the last stages' shares summed over the world (the others add 0).
+        loss = torch.zeros((), device=trainer.device) if share is None else share.detach().float()
+        loss_bits = self.loss_stats.bits_sent
+        if is_distributed():
+            all_reduce_sum_(loss, stats=self.loss_stats)
+        self.last_step = {
+            "p2p_bits": float(p2p_bits),
+            "p2p_seconds": p2p_seconds,
+            "compute_seconds": compute,
+            "loss_bits": float(self.loss_stats.bits_sent - loss_bits),
+        }
+        return loss
 
     def after_backward(self, model: nn.Module) -> None:
-        trainer, training, grid = self._trainer(), self._training(), self._grid()
-        with self.stats.phase("communicate", trainer.device):
-            training(model, grid.data_parallel_group, stats=self.stats)
+        grid = self._grid()
+        group = grid.data_parallel_group
+        sent = self.stats.bits_sent
+        start = time.perf_counter()
+        if self.options.wait_barrier and get_world_size(group) > 1:
+            dist.barrier(group=group)  # waiting for the slowest replica's backward, timed apart
+        arrived = time.perf_counter()
+        self._reduce(model, group, stats=self.stats)
+        done = time.perf_counter()
+        self.stats.seconds["communicate"] += done - start
         self.stats.steps += 1
-        training.set_lr(self.scheduled_lr())
-        training.step()
-        for p in model.parameters():
-            p.grad = None  # the outer optimizer only schedules the lr
+        self.last_step.update(
+            allreduce_bits=float(self.stats.bits_sent - sent),
+            allreduce_seconds=done - start,
+            allreduce_wait_seconds=arrived - start,
+            allreduce_transfer_seconds=done - arrived,
+            grad_bytes=float(
+                sum(p.grad.numel() * p.grad.element_size() for p in model.parameters() if p.grad is not None)
+            ),
+        )
+        if self.training is not None:  # sparse: the compact AdamW steps; the run's sees no gradient
+            self.training.set_lr(self.scheduled_lr())
+            self.training.step()
+            for p in model.parameters():
+                p.grad = None
 
     @contextlib.contextmanager
     def evaluating(self, model: nn.Module) -> Iterator[nn.Module]:
@@ -285,6 +362,7 @@ class PipelineDataParallel(SyncStrategy):
         for blob in blobs:
             state.update(torch.load(io.BytesIO(blob), weights_only=True))
         inner = _language_model(whole)
+        self._prepare(inner)  # CSR layers where the stages have them; every value is loaded below
         missing, unexpected = inner.load_state_dict(state, strict=False)
         params = {n for n, _ in inner.named_parameters()}
         uncovered = [k for k in missing if k in params]
@@ -295,20 +373,25 @@ class PipelineDataParallel(SyncStrategy):
         yield whole
 
     def metrics(self) -> dict[str, float]:
-        training, grid = self._training(), self._grid()
+        grid = self._grid()
         return {
             "num_stages": float(grid.num_stages),
             "num_replicas": float(grid.num_replicas),
             "stage_params": float(self._num_params),  # this rank's (rank 0: the first stage)
-            "stage_density": training.layout.density,
+            "stage_density": self.training.layout.density if self.training is not None else 1.0,
         }
 
     def state_dict(self) -> dict[str, Any]:
-        return {"compact": self._training().state_dict(), "stats": self.stats.state_dict()}
+        state: dict[str, Any] = {"stats": self.stats.state_dict(), "loss_stats": self.loss_stats.state_dict()}
+        if self.training is not None:
+            state["compact"] = self.training.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._training().load_state_dict(state["compact"])
+        if self.training is not None:
+            self.training.load_state_dict(state["compact"])
         self.stats.load_state_dict(state["stats"])
+        self.loss_stats.load_state_dict(state["loss_stats"])
 
     def _grid(self) -> ProcessGrid:
         if self.grid is None:
@@ -319,8 +402,3 @@ class PipelineDataParallel(SyncStrategy):
         if self.trainer is None:
             raise RuntimeError("setup() first")
         return self.trainer
-
-    def _training(self) -> CompactTraining:
-        if self.training is None:
-            raise RuntimeError("setup() first")
-        return self.training
