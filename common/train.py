@@ -306,18 +306,21 @@ def train(
     strategy: SyncStrategy | None = None,
     callbacks: Sequence[Callback] = (),
     ctx: DistContext | None = None,
+    data: tuple[Dataset, Dataset] | None = None,
 ) -> dict[str, float]:
     """Train ``config`` on the ranks of the current process group; return the final metrics.
 
     ``experiment`` names the MLflow experiment (None: no tracking). ``strategy`` defaults to the
-    one ``config.strategy`` names (:func:`default_strategy`).
+    one ``config.strategy`` names (:func:`default_strategy`). ``data``: the training and test splits
+    already loaded as ``config`` would load them (a stage that trains several runs on the same data
+    loads it once; sparse AxoNN's stage measures each run's memory without it).
     """
     ctx = ctx or init_from_env(timeout_s=config.collective_timeout_s)
     if ctx.world_size != get_world_size():
         raise RuntimeError(
             f"process group has {get_world_size()} ranks but the context says {ctx.world_size}"
         )
-    run = _build_run(config, ctx, Path(out_dir), strategy)
+    run = _build_run(config, ctx, Path(out_dir), strategy, data)
     checkpointer = Checkpointer(
         run.out_dir / "ckpt",
         config.fingerprint(),
@@ -358,12 +361,21 @@ def train(
     return metrics
 
 
-def _build_run(config: RunConfig, ctx: DistContext, out_dir: Path, strategy: SyncStrategy | None) -> _Run:
+def _build_run(
+    config: RunConfig,
+    ctx: DistContext,
+    out_dir: Path,
+    strategy: SyncStrategy | None,
+    data: tuple[Dataset, Dataset] | None = None,
+) -> _Run:
     """Data, model, strategy, optimizer and schedule of a fresh run (before any resume)."""
-    train_set = load_dataset(
-        config.dataset, "train", limit=config.train_limit, seq_len=config.seq_len, seed=config.seed
-    )
-    test_set = load_dataset(config.dataset, "test", limit=config.eval_limit, seq_len=config.seq_len)
+    if data is not None:
+        train_set, test_set = data
+    else:
+        train_set = load_dataset(
+            config.dataset, "train", limit=config.train_limit, seq_len=config.seq_len, seed=config.seed
+        )
+        test_set = load_dataset(config.dataset, "test", limit=config.eval_limit, seq_len=config.seq_len)
     if config.augment != "none" and train_set.info.kind != "image":
         raise ValueError(
             f"augment {config.augment!r} is for images; {config.dataset} is {train_set.info.kind}"

@@ -148,6 +148,11 @@ class SyncStrategy:
         where a strategy that applies its own update reads the scheduled learning rate."""
         self._attached = optimizer
 
+    @property
+    def attached(self) -> torch.optim.Optimizer | None:
+        """The optimizer :meth:`attach_optimizer` was given (None before)."""
+        return self._attached
+
     def scheduled_lr(self) -> float:
         """This step's learning rate, as the scheduler set it: the attached optimizer's first group.
 

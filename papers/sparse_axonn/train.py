@@ -5,21 +5,25 @@
 
 Checks the runs, the prune stage's masks and rewind state against the model first (a mask that does
 not fit the model fails here, before any rank starts), then becomes ``torchrun --standalone`` on
-``train.world_size`` gloo ranks (NCCL on GPUs), which train the runs one after the other. Why not
-``pipelines.launch``/``common.train``: that harness trains a data-parallel model through a sync
-strategy with one optimizer over the whole model; here each rank holds one pipeline stage, the
-step is :class:`common.pipeline.PipelineTrainer`'s schedule, and the optimizer is per stage.
+``train.world_size`` gloo ranks (NCCL on GPUs), which train the runs one after the other. Each run is
+the thinwire loop (:func:`common.train.train`) with ``strategy: pipeline``
+(:class:`common.strategies.PipelineDataParallel`): each rank trains one stage, checkpointed and
+tracked like every other run. This stage only says what a paper run is (:func:`run_config`) and adds
+its measurements.
 
 Every run starts from the prune stage's rewind state (step ``prune.rewind_step``), with the mask
 applied for the sparse methods, and trains ``train.steps`` steps on the same global batches (steps
-``rewind_step ...`` of the prune stage's data order) at the same learning rates. Per rank it
-measures the model-state bytes by category from the tensors, the peak resident memory of the
-process (VmHWM, reset at the start of each run; it includes torch and transformers, imported
-before the first run, whose resident memory at the start is reported too), the all-reduce and
-point-to-point bits and seconds per step, the step time; at the end rank 0 gathers the stages of
-replica 0, checks that every pruned weight is still exactly zero and evaluates the validation
-perplexity. Writes ``<out>/<run>/``: ``metrics.json`` (flat), ``ranks.json`` (per rank),
-``steps.csv`` (rank 0, per step) and ``run.json`` (MLflow run id, git sha, settings).
+``rewind_step ...`` of the prune stage's data order: ``sampling: draws``, ``first_step``) at the
+same learning rates. Per rank it measures the model-state bytes by category from the tensors, the
+peak resident memory of the process (VmHWM, reset at the start of each run, read before the final
+evaluation, which builds the whole model on every rank; it includes torch, transformers, the loop's
+modules and, on rank 0, MLflow, all imported before the first run, and the data, loaded once before
+it: their resident memory at the run's start is reported too), the all-reduce
+and point-to-point bits and seconds per step, the step time; at the end rank 0 loads the whole
+model the loop saved, checks that every pruned weight is still exactly zero and evaluates the
+validation perplexity. Writes ``<out>/<run>/``: the loop's files (``metrics.json``, ``run.json``,
+curves, plot; ``model.pt`` and ``ckpt/`` not committed) with this stage's numbers added to
+``metrics.json`` and ``run.json``, and ``ranks.json`` (per rank) and ``steps.csv`` (rank 0, per step).
 """
 
 from __future__ import annotations
@@ -44,19 +48,22 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from common.distributed import DistContext, barrier, init_from_env, seed_everything, shutdown
+from common.config import RunConfig
+from common.distributed import DistContext, barrier, init_from_env, shutdown
 from common.fileio import atomic_write_json, atomic_write_text
 from common.paths import REPO_ROOT
-from common.pipeline import GPT2Stage, PipelineTrainer, ProcessGrid, flat_all_reduce_grads
-from common.pruning import apply_masks, load_masks
+from common.pipeline import GPT2Stage
+from common.pruning import load_masks
 from common.pruning import pruned_nonzero as count_pruned_nonzero
 from common.sparse_compute import SparseLinear, to_sparse_compute
-from common.tracking import Tracker, git_sha
+from common.strategies import PipelineDataParallel
+from common.tracking import Tracker
+from common.train import MODEL_FILE, StepInfo, train
 
 from .config import RunSpec, ScaleConfig
-from .model import batch, build_gpt2, evaluate, load_split
-from .params import OUT, flatten, load_config
-from .sparse_state import CompactTraining, TimedReduce, dense_optimizer, state_bytes
+from .model import build_gpt2, evaluate, load_split
+from .params import OUT, load_config
+from .sparse_state import state_bytes
 
 log = logging.getLogger("sparse_axonn.train")
 
@@ -122,13 +129,15 @@ def load_run_masks(
 
 def check_inputs(names: list[str], runs: dict[str, RunSpec], config: ScaleConfig, prune_dir: Path) -> None:
     """Everything a run needs, checked once in the launcher: data, rewind state, masks."""
-    vocab = len(load_split(config, "train", limit=1).vocab)
+    train_split = load_split(config, "train")
+    vocab = len(train_split.vocab)
     load_split(config, "val", limit=1)
     model = build_gpt2(config.model, vocab)
     load_rewind(prune_dir / "rewind.pt", model)
     for name in names:
         try:
             load_run_masks(prune_dir, config, runs[name], model)
+            run_config(runs[name], config, config.train.world_size, prune_dir, len(train_split))
         except ValueError as error:
             raise ValueError(f"run {name!r}: {error}") from None
 
@@ -183,6 +192,108 @@ def _gather(obj: Any) -> list[Any]:
     return out
 
 
+def load_data(config: ScaleConfig) -> dict[str, Any]:
+    """The splits every run reads, loaded once: training, the validation windows this stage
+    evaluates, and the test windows of the loop's own curve point."""
+    return {
+        "train": load_split(config, "train"),
+        "val": load_split(config, "val", limit=config.train.eval_windows),
+        "test": load_split(config, "test", limit=config.train.eval_windows),
+    }
+
+
+def run_config(
+    spec: RunSpec, config: ScaleConfig, world_size: int, prune_dir: Path, train_windows: int
+) -> RunConfig:
+    """The thinwire run of one paper run: the rewound GPT-2 on a ``stages x replicas`` grid."""
+    train, optim, model = config.train, config.optim, config.model
+    rewind = config.prune.rewind_step
+    if rewind + 1 < optim.warmup_steps:  # the stage's lr is optim.lr_at(rewind + i): constant from there
+        raise ValueError(
+            f"prune.rewind_step {rewind} lies inside the warm-up ({optim.warmup_steps} steps): the train "
+            "stage continues at the full lr from the rewind; rewind at or after the warm-up"
+        )
+    replicas = world_size // spec.stages
+    per_replica = train.batch_size // replicas
+    steps_per_epoch = max(1, train_windows // replicas // per_replica)
+    options: dict[str, Any] = {
+        "stages": spec.stages,
+        "microbatches": train.num_microbatches,
+        "schedule": train.schedule,
+        "init": str(prune_dir / "rewind.pt"),
+        "wait_barrier": True,  # the all-reduce's time without the wait for the slowest replica
+    }
+    if spec.method != "dense":
+        options.update(
+            masks=str(mask_path(prune_dir, config, spec)),
+            grads=spec.grads,
+            compute="csr" if spec.method == "sputnik" else "dense",
+        )
+    return RunConfig.from_dict(
+        {
+            "dataset": config.dataset,
+            "seq_len": config.seq_len,
+            "model": "gpt2_small",
+            "model_options": {
+                "n_layer": model.n_layer,
+                "n_embd": model.n_embd,
+                "n_head": model.n_head,
+                "n_positions": model.n_positions,
+                "dropout": model.dropout,
+                "tied": False,
+            },
+            "optimizer": "adamw",
+            "lr": optim.lr,
+            "weight_decay": optim.weight_decay,
+            "batch_size": per_replica,
+            "epochs": -(-train.steps // steps_per_epoch),
+            "max_steps": train.steps,
+            "sampling": "draws",
+            "first_step": rewind,
+            "strategy": "pipeline",
+            "strategy_options": options,
+            "eval_limit": train.eval_windows,  # the loop's own curve: the test split's first windows
+            "num_evaluations": 1,
+            "num_logs": train.steps,
+            "checkpoint_every": train.steps,
+            "world_size": world_size,
+            "seed": config.seed,
+            "max_restarts": 0,
+        }
+    )
+
+
+class StepRecorder:
+    """The per-step rows (``steps.csv``) and the peak memory before the final evaluation."""
+
+    def __init__(self, strategy: PipelineDataParallel) -> None:
+        self.strategy = strategy
+        self.rows: list[dict[str, Any]] = []
+        self.peak_rss = 0
+
+    def __call__(self, info: StepInfo) -> None:
+        s = self.strategy.last_step
+        phases = s["compute_seconds"] + s["p2p_seconds"] + s["allreduce_seconds"]
+        self.rows.append(
+            {
+                "step": info.step,
+                "loss": info.loss,
+                "p2p_bits": int(s["p2p_bits"]),
+                "p2p_seconds": s["p2p_seconds"],
+                "allreduce_bits": int(s["allreduce_bits"]),
+                "allreduce_seconds": s["allreduce_seconds"],
+                "loss_bits": int(s["loss_bits"]),
+                "compute_seconds": s["compute_seconds"],
+                "step_seconds": info.seconds,
+                "allreduce_wait_seconds": s["allreduce_wait_seconds"],
+                "allreduce_transfer_seconds": s["allreduce_transfer_seconds"],
+                "rest_seconds": info.seconds - phases,  # data, optimizer step, zero_grad, loss all-reduce
+            }
+        )
+        if not info.last or not self.peak_rss:  # the final evaluation builds the whole model: not a step
+            self.peak_rss = _status_bytes("VmHWM")
+
+
 def train_run(
     name: str,
     spec: RunSpec,
@@ -193,99 +304,49 @@ def train_run(
     data: dict[str, Any],
 ) -> dict[str, Any] | None:
     """Train one run on this rank's stage; rank 0 returns (and writes) the run's metrics."""
-    train, optim = config.train, config.optim
     peak_reset = reset_peak_rss()
     rss_start = _status_bytes("VmRSS")
-    seed_everything(config.seed)
-    vocab = len(data["train"].vocab)
-    model = build_gpt2(config.model, vocab)
-    load_rewind(prune_dir / "rewind.pt", model)
-    masks = load_run_masks(prune_dir, config, spec, model)
-    apply_masks(model, masks)
-    if spec.method == "sputnik":
-        to_sparse_compute(model, masks)  # embeddings stay dense layers with their masks
-    grid = ProcessGrid.create(spec.stages, num_blocks=config.model.n_layer)
-    stage = GPT2Stage(model, grid.stage, grid.num_stages).to(ctx.device)
-    del model  # the other stages' layers
-    training: CompactTraining | None = None
-    dense: torch.optim.AdamW | None = None
-    if spec.method == "dense":
-        dense = dense_optimizer(stage, optim)
-        optimizer: Any = dense
-        reducer: Any = flat_all_reduce_grads
-    else:
-        training = CompactTraining(
-            stage, masks, lr=optim.lr_at(0), weight_decay=optim.weight_decay, grads=spec.grads
-        )
-        training.layout.verify_across_ranks(group=grid.data_parallel_group)  # same masks, same order
-        optimizer = reducer = training
-    timed_reduce = TimedReduce(reducer)
-    trainer = PipelineTrainer(
-        stage,
-        grid,
-        optimizer,
-        num_microbatches=train.num_microbatches,
-        schedule=train.schedule,
-        reduce_grads=timed_reduce,
-        device=ctx.device,
-    )
-    tags = {
-        "git_sha": git_sha(),
-        "stage": "train",
-        "world_size": str(ctx.world_size),
-        "backend": ctx.backend,
-        "device": ctx.device.type,
-        "grid": f"{grid.num_stages}x{grid.num_replicas}",
-    }
-    barrier()
-    rows = []
+    run = run_config(spec, config, ctx.world_size, prune_dir, len(data["train"]))
+    strategy = PipelineDataParallel.from_config(run)
+    recorder = StepRecorder(strategy)
+    folder = out / name
+    grid = f"{spec.stages}x{ctx.world_size // spec.stages}"
     start = time.perf_counter()
-    for i in range(train.steps):
-        step = config.prune.rewind_step + i  # the prune stage's data order and schedule from the rewind on
-        x, y = batch(data["train"], config.seed, step, train.batch_size)
-        lr = optim.lr_at(step)
-        if training is not None:
-            training.set_lr(lr)
-        if dense is not None:
-            for group in dense.param_groups:
-                group["lr"] = lr
-        s = trainer.train_step(x.to(ctx.device), y.to(ctx.device))
-        rest = s.step_seconds - s.compute_seconds - s.p2p_seconds - s.allreduce_seconds
-        rows.append(
-            {
-                "step": i + 1,
-                **s.__dict__,
-                "allreduce_wait_seconds": timed_reduce.wait_seconds,
-                "allreduce_transfer_seconds": timed_reduce.transfer_seconds,
-                "rest_seconds": rest,  # optimizer step, zero_grad, loss all-reduce
-            }
-        )
-        if ctx.is_main and ((i + 1) % max(1, train.steps // 5) == 0 or i + 1 == train.steps):
-            log.info(
-                "%s: step %d/%d loss %.4f (%.1f s)",
-                name,
-                i + 1,
-                train.steps,
-                s.loss,
-                time.perf_counter() - start,
-            )
-    wall = time.perf_counter() - start
-    timed = rows[train.timing_skip :]
-    state = (
-        state_bytes(stage, training.optimizer, packed=training.grads == "packed")
-        if training is not None
-        else state_bytes(stage, optimizer)
+    train(
+        run,
+        folder,
+        experiment="sparse_axonn",
+        run_name=name,
+        tags={"stage": "train", "grid": grid},
+        strategy=strategy,
+        callbacks=[recorder],
+        ctx=ctx,
+        data=(data["train"], data["test"]),  # loaded once, before the runs: not a run's memory
     )
+    wall = time.perf_counter() - start
+    assert strategy.grid is not None and strategy.trainer is not None
+    stage, training = strategy.trainer.module, strategy.training
+    assert isinstance(stage, GPT2Stage)
+    rows = recorder.rows
+    timed = rows[config.train.timing_skip :]
+    grad_bytes = int(strategy.last_step["grad_bytes"])  # the dense gradients the last step held
+    if training is not None:
+        state = state_bytes(
+            stage, training.optimizer, packed=training.grads == "packed", grad_bytes=grad_bytes
+        )
+    else:
+        assert strategy.attached is not None
+        state = state_bytes(stage, strategy.attached, grad_bytes=grad_bytes)
     num_params = dense_numel(stage)
     mine = {
         "rank": ctx.rank,
-        "stage": grid.stage,
-        "replica": grid.replica,
+        "stage": strategy.grid.stage,
+        "replica": strategy.grid.replica,
         "blocks": list(stage.block_range),
         "num_params": num_params,
         "num_kept": training.layout.num_kept if training is not None else num_params,
         "state_bytes": state,
-        "peak_rss_bytes": _status_bytes("VmHWM"),
+        "peak_rss_bytes": recorder.peak_rss,
         "rss_start_bytes": rss_start,
         "peak_rss_reset": peak_reset,
         "p2p_bits_per_step": _median([r["p2p_bits"] for r in rows]),
@@ -296,16 +357,9 @@ def train_run(
         "p2p_bits_steps": sorted({r["p2p_bits"] for r in rows}),
     }
     ranks = _gather(mine)
-    buffer = io.BytesIO()
-    torch.save(
-        {k: v.detach().cpu() for k, v in stage.state_dict().items()} if grid.replica == 0 else {}, buffer
-    )
-    states = _gather(buffer.getvalue())
-    if training is not None:
-        training.remove_hooks()
     result = None
     if ctx.is_main:
-        result = _finish(name, spec, config, prune_dir, out, data, ranks, states, rows, wall, tags)
+        result = _finish(name, spec, config, prune_dir, folder, data, ranks, rows, wall, grid)
     barrier()
     return result
 
@@ -315,31 +369,20 @@ def _finish(
     spec: RunSpec,
     config: ScaleConfig,
     prune_dir: Path,
-    out: Path,
+    folder: Path,
     data: dict[str, Any],
     ranks: list[dict[str, Any]],
-    states: list[bytes],
     rows: list[dict[str, Any]],
     wall: float,
-    tags: dict[str, str],
+    grid: str,
 ) -> dict[str, Any]:
-    """Rank 0: rebuild the trained model from replica 0's stages, check the zeros, evaluate, write.
-
-    MLflow is started only now, after the memory was measured: importing it costs rank 0 ~100 MB.
-    """
+    """Rank 0: the whole model the loop saved, the zeros checked, evaluated; the stage's files."""
     model = build_gpt2(config.model, len(data["train"].vocab))
     masks = load_run_masks(prune_dir, config, spec, model)
     if spec.method == "sputnik":
         to_sparse_compute(model, masks)
-    full: dict[str, Tensor] = {}
-    for blob in states:
-        full.update(torch.load(io.BytesIO(blob), weights_only=True))
-    missing, unexpected = model.load_state_dict(full, strict=False)
-    params = dict(model.named_parameters())
-    uncovered = [k for k in missing if k in params]
-    assert not uncovered and not unexpected, (
-        f"stages do not cover the model: {uncovered[:4]} {unexpected[:4]}"
-    )
+    saved = torch.load(folder / MODEL_FILE, map_location="cpu", weights_only=True)
+    model.load_state_dict({k.removeprefix("gpt2."): v for k, v in saved.items()})
     # Pruned weights of the dense layers (all of them for sparse AxoNN; the embeddings for the
     # Sputnik-like model, whose CSR layers have no pruned entries at all).
     pruned_nonzero = sum(count_pruned_nonzero(model, masks).values())
@@ -368,35 +411,30 @@ def _finish(
         "run_peak_rss_bytes_max": max(r["peak_rss_bytes"] - r["rss_start_bytes"] for r in ranks),
         "wall_seconds": wall,
     }
-    tracker = Tracker("sparse_axonn", name)
-    run_id = tracker.start(flatten({"run": spec.__dict__, **config.to_dict()}), tags)
-    for row in rows:
-        tracker.log_metrics(
-            {"train_loss": row["loss"], "step_seconds": row["step_seconds"]}, step=row["step"]
-        )
-    folder = out / name
-    folder.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(folder / "metrics.json", metrics)
+    loop_metrics = json.loads((folder / "metrics.json").read_text())
+    atomic_write_json(folder / "metrics.json", {**loop_metrics, **metrics})
     atomic_write_json(folder / "ranks.json", ranks)
     text = io.StringIO()
     writer = csv.DictWriter(text, fieldnames=list(rows[0]))
     writer.writeheader()
     writer.writerows(rows)
     atomic_write_text(folder / "steps.csv", text.getvalue())
-    atomic_write_json(
-        folder / "run.json",
+    info = json.loads((folder / "run.json").read_text())
+    info.update(
         {
-            "mlflow_run_id": run_id,
-            "git_sha": tags["git_sha"],
             "run": name,
             "spec": spec.__dict__,
-            "grid": tags["grid"],
+            "grid": grid,
             # relative to the repository (no machine's absolute path in a tracked result)
             "masks": repo_relative(mask_path(prune_dir, config, spec)) if spec.method != "dense" else None,
-            "config": config.to_dict(),
-            "tags": tags,
-        },
+            "scale_config": config.to_dict(),
+        }
     )
+    atomic_write_json(folder / "run.json", info)
+    tracker = Tracker(
+        "sparse_axonn", name, run_id=info["mlflow_run_id"], enabled=info["mlflow_run_id"] is not None
+    )
+    tracker.start({}, {"grid": grid})
     tracker.log_metrics({f"final_{k}": float(v) for k, v in metrics.items()}, step=len(rows))
     for file in ("metrics.json", "ranks.json", "steps.csv", "run.json"):
         tracker.log_artifact(folder / file)
@@ -420,13 +458,12 @@ def worker(args: dict[str, Any]) -> None:
 
     setup_logging(ctx.rank)
     config, runs = load_config(args["scale"])
-    data = {
-        "train": load_split(config, "train"),
-        "val": load_split(config, "val", limit=config.train.eval_windows),
-    }
+    data = load_data(config)
     # Import what a run imports before any run starts, so that a run's memory is its own: the first
     # GPT-2 built imports transformers' model code (~250 MB of resident memory, measured).
     build_gpt2(config.model, len(data["train"].vocab))
+    if ctx.is_main:  # rank 0 tracks every run: MLflow's ~100 MB are not a run's memory
+        import mlflow.tracking  # noqa: F401
     import torch.distributed.pipelining  # noqa: F401
     import transformers.masking_utils  # noqa: F401
 

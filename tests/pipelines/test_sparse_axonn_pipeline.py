@@ -215,15 +215,11 @@ def test_two_stages_by_two_replicas_train_like_one_process(pruned, trained, tmp_
     """The 2x2 run's losses and final perplexity against the same run trained here in one process."""
     from common.distributed import DistContext
     from papers.sparse_axonn.config import RunSpec
-    from papers.sparse_axonn.model import load_split
-    from papers.sparse_axonn.train import train_run
+    from papers.sparse_axonn.train import load_data, train_run
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # refused at once: no tracking
     config, _ = load_config("smoke")
-    data = {
-        "train": load_split(config, "train"),
-        "val": load_split(config, "val", limit=config.train.eval_windows),
-    }
+    data = load_data(config)
     ctx = DistContext(rank=0, world_size=1, local_rank=0, backend="gloo", device=torch.device("cpu"))
     spec = RunSpec(method="sparse", sparsity=0.9, stages=1)
     metrics = train_run("sparse90_1x1", spec, config, ctx, pruned, tmp_path, data)
