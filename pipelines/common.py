@@ -115,8 +115,38 @@ def run_values(
     return values
 
 
+# A pipeline whose runs are not rows of RunConfig settings names, in its params.yaml, the module that
+# makes them (``stage: papers.sparse_axonn.train``): the launcher and the ranks then ask it for a
+# run's config (``stage_config(run, scale, inputs)``) and let it train the run around the thinwire loop
+# (``train_run(config, out_dir, run=..., ...)``, which adds its own measurements). ``inputs``: the
+# folder of an earlier stage's outputs it reads (sparse AxoNN: the prune stage's), given to the
+# launcher with --inputs and to the ranks through this variable; default results/<pipeline>.
+STAGE_KEY = "stage"
+INPUTS_ENV = "THINWIRE_INPUTS_DIR"
+
+
+def run_stage(pipeline: str) -> Any:
+    """The module a pipeline's ``stage:`` names, or None (its runs are RunConfig rows)."""
+    name = load_params(pipeline).get(STAGE_KEY)
+    if name is None:
+        return None
+    import importlib
+
+    return importlib.import_module(str(name))
+
+
+def inputs_dir(pipeline: str) -> Path:
+    """The earlier stage's outputs a pipeline's own stage reads: $THINWIRE_INPUTS_DIR or its results."""
+    given = os.environ.get(INPUTS_ENV)
+    return Path(given).resolve() if given else RESULTS_DIR / pipeline_name(pipeline)
+
+
 def run_config(pipeline: str, run: str, scale: str | None = None) -> RunConfig:
     """The validated config of ``run`` in ``pipeline`` (errors name the bad key or value)."""
+    stage = run_stage(pipeline)
+    if stage is not None:
+        config: RunConfig = stage.stage_config(run, scale, inputs_dir(pipeline))
+        return config
     try:
         return RunConfig.from_dict(run_values(pipeline, run, scale))
     except ValueError as error:

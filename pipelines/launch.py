@@ -43,7 +43,7 @@ from common import netem
 from common.data import load_dataset
 from common.distributed import LAUNCHER_PID_ENV
 from common.runlock import lock_run_folders
-from pipelines.common import quiet_environment
+from pipelines.common import INPUTS_ENV, quiet_environment
 from pipelines.train import (
     OUT_DIR_ENV,
     RUN_NAME_ENV,
@@ -110,6 +110,13 @@ def main(argv: list[str] | None = None) -> None:
         "above, test_loss=1.6: at or below); the lr schedule still spans the whole run (time to target)",
     )
     parser.add_argument("--run-name", default=None, help="MLflow run name (default: the run)")
+    parser.add_argument(
+        "--inputs",
+        default=None,
+        metavar="DIR",
+        help="an earlier stage's outputs that the pipeline's own stage reads (sparse AxoNN: the prune "
+        "stage's; default results/<pipeline>)",
+    )
     seeds = parser.add_mutually_exclusive_group()
     seeds.add_argument("--seed", type=int, default=None, help="override the run's seed (repeats of one run)")
     seeds.add_argument(
@@ -138,6 +145,8 @@ def main(argv: list[str] | None = None) -> None:
             )
         if args.out:
             os.environ[OUT_DIR_ENV] = os.path.abspath(args.out)
+        if args.inputs:
+            os.environ[INPUTS_ENV] = os.path.abspath(args.inputs)
         repeats = plan_repeats(args.pipeline, args.run, args.scale)  # every run's parameters checked
         config = repeats[0][1]
         if args.net_bandwidth is not None:

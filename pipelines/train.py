@@ -16,15 +16,18 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from typing import Any
 
 from common.config import RunConfig, check_stop_at
 from common.distributed import init_from_env, shutdown
 from common.train import StepInfo, train
 from pipelines.common import (
+    inputs_dir,
     load_params,
     pipeline_name,
     quiet_environment,
     run_config,
+    run_stage,
     scratch_dir,
     setup_logging,
 )
@@ -162,18 +165,24 @@ def main(argv: list[str] | None = None) -> None:
     scale = args.scale or load_params(args.pipeline)["scale"]
     repeats = plan_repeats(args.pipeline, args.run, args.scale)
     ctx = init_from_env(timeout_s=max(c.collective_timeout_s for _, c, _, _ in repeats))
+    stage = run_stage(args.pipeline)  # a paper's own stage around the loop (sparse AxoNN's), or None
     try:
         for repeat_method, repeat_config, repeat_dir, repeat_name in repeats:
             callbacks = [progress_bar()] if ctx.is_main else []
-            metrics = train(
-                repeat_config,
-                repeat_dir,
-                experiment=pipeline_name(args.pipeline),
-                run_name=repeat_name,
-                tags={"scale": scale, "pipeline": pipeline_name(args.pipeline), "method": repeat_method},
-                callbacks=callbacks,
-                ctx=ctx,
-            )
+            arguments: dict[str, Any] = {
+                "experiment": pipeline_name(args.pipeline),
+                "run_name": repeat_name,
+                "tags": {"scale": scale, "pipeline": pipeline_name(args.pipeline), "method": repeat_method},
+                "callbacks": callbacks,
+                "ctx": ctx,
+            }
+            if stage is None:
+                metrics = train(repeat_config, repeat_dir, **arguments)
+            else:
+                inputs = inputs_dir(args.pipeline)
+                metrics = stage.train_run(
+                    repeat_config, repeat_dir, run=repeat_method, scale=args.scale, inputs=inputs, **arguments
+                )
             if ctx.is_main:
                 print(json.dumps({"run": repeat_name, **metrics}, indent=2))
     finally:

@@ -40,7 +40,7 @@ def test_library_never_prints():
     assert offenders == [], "library code logs, never prints"
 
 
-TRAINERS = ("pipelines.launch", "pipelines.leaderboard", "pipelines.calibrate", "papers.sparse_axonn.train")
+TRAINERS = ("pipelines.launch", "pipelines.leaderboard", "pipelines.calibrate")
 
 
 def test_every_stage_that_trains_depends_on_the_library_and_its_kernels():

@@ -10,8 +10,8 @@ bytes instead of 12 N. Bits on the wire per step: ``32 K`` instead of ``32 N``.
 The optimizer a run (or a user's :meth:`SyncStrategy.optimizer`) builds is plain AdamW over the
 strategy's one parameter group: it only carries the scheduled learning rate, which the compact
 AdamW reads each step, and sees no gradient (``p.grad`` is cleared after the compact step).
-Sparse AxoNN's inter-layer (pipeline) parallelism stays in its own pipeline
-(``papers/sparse_axonn/train.py``); this is its data-parallel part in any loop.
+Its inter-layer x data parallelism is :class:`~common.strategies.pipeline.PipelineDataParallel`
+(``strategy: pipeline``); this is its data-parallel part on a whole model, in any loop.
 """
 
 from __future__ import annotations

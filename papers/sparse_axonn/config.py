@@ -317,7 +317,8 @@ def from_params(
     params: Mapping[str, Any], scale: str | None = None
 ) -> tuple[ScaleConfig, dict[str, RunSpec]]:
     """The scale's settings and every run, checked, from params.yaml's content."""
-    allowed = {"scale", "defaults", "scales", "runs", "extrapolation"}  # extrapolation: the report's
+    # extrapolation: the report's; stage: the module the shared launcher asks for each run's config
+    allowed = {"scale", "defaults", "scales", "runs", "extrapolation", "stage"}
     extra = sorted(k for k in params if k not in allowed and not str(k).startswith("."))
     if extra:
         raise ValueError(

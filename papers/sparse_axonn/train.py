@@ -1,15 +1,15 @@
 """The train stage: dense AxoNN, sparse AxoNN and the Sputnik-like baseline on a pipeline x data grid.
 
-    python -m papers.sparse_axonn.train sparse90_2x2                 # one run of params.yaml
-    python -m papers.sparse_axonn.train dense_2x2,sparse90_2x2 --scale smoke --prune-dir /tmp/p --out /tmp/t
+    python -m pipelines.launch sparse_axonn sparse90_2x2 --out /tmp/t       # one run of params.yaml
+    python -m pipelines.launch sparse_axonn dense_2x2,sparse90_2x2 --scale smoke --inputs /tmp/p --out /tmp/t
 
-Checks the runs, the prune stage's masks and rewind state against the model first (a mask that does
-not fit the model fails here, before any rank starts), then becomes ``torchrun --standalone`` on
-``train.world_size`` gloo ranks (NCCL on GPUs), which train the runs one after the other. Each run is
-the thinwire loop (:func:`common.train.train`) with ``strategy: pipeline``
-(:class:`common.strategies.PipelineDataParallel`): each rank trains one stage, checkpointed and
-tracked like every other run. This stage only says what a paper run is (:func:`run_config`) and adds
-its measurements.
+Launched like every other run: ``params.yaml`` names this module (``stage:``), so the shared launcher
+asks it for each run's config (:func:`stage_config`, which first checks the prune stage's masks and
+rewind state in ``--inputs``, default ``results/sparse_axonn``, against the model: a mask that does
+not fit fails there, before any rank starts) and its ranks train each run through
+:func:`train_run`: the thinwire loop (:func:`common.train.train`) with ``strategy: pipeline``
+(:class:`common.strategies.PipelineDataParallel`), each rank one stage, checkpointed, restartable
+and tracked like every other run, plus this stage's measurements.
 
 Every run starts from the prune stage's rewind state (step ``prune.rewind_step``), with the mask
 applied for the sparse methods, and trains ``train.steps`` steps on the same global batches (steps
@@ -28,7 +28,6 @@ curves, plot; ``model.pt`` and ``ckpt/`` not committed) with this stage's number
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import csv
 import ctypes
@@ -36,10 +35,7 @@ import gc
 import io
 import json
 import logging
-import os
-import shutil
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -49,7 +45,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from common.config import RunConfig
-from common.distributed import DistContext, barrier, init_from_env, shutdown
+from common.distributed import DistContext, barrier
 from common.fileio import atomic_write_json, atomic_write_text
 from common.paths import REPO_ROOT
 from common.pipeline import GPT2Stage
@@ -62,7 +58,7 @@ from common.train import MODEL_FILE, StepInfo, train
 
 from .config import RunSpec, ScaleConfig
 from .model import build_gpt2, evaluate, load_split
-from .params import OUT, load_config
+from .params import load_config
 from .sparse_state import state_bytes
 
 log = logging.getLogger("sparse_axonn.train")
@@ -127,8 +123,9 @@ def load_run_masks(
     return saved.masks
 
 
-def check_inputs(names: list[str], runs: dict[str, RunSpec], config: ScaleConfig, prune_dir: Path) -> None:
-    """Everything a run needs, checked once in the launcher: data, rewind state, masks."""
+def check_inputs(names: list[str], runs: dict[str, RunSpec], config: ScaleConfig, prune_dir: Path) -> int:
+    """Everything a run needs, checked before any rank trains: data, rewind state, masks, the run's
+    config. Returns the number of training windows."""
     train_split = load_split(config, "train")
     vocab = len(train_split.vocab)
     load_split(config, "val", limit=1)
@@ -140,6 +137,7 @@ def check_inputs(names: list[str], runs: dict[str, RunSpec], config: ScaleConfig
             run_config(runs[name], config, config.train.world_size, prune_dir, len(train_split))
         except ValueError as error:
             raise ValueError(f"run {name!r}: {error}") from None
+    return len(train_split)
 
 
 # ----------------------------------------------------------------------------------- memory probes
@@ -258,7 +256,6 @@ def run_config(
             "checkpoint_every": train.steps,
             "world_size": world_size,
             "seed": config.seed,
-            "max_restarts": 0,
         }
     )
 
@@ -294,32 +291,39 @@ class StepRecorder:
             self.peak_rss = _status_bytes("VmHWM")
 
 
-def train_run(
+def train_paper_run(
     name: str,
     spec: RunSpec,
     config: ScaleConfig,
     ctx: DistContext,
     prune_dir: Path,
-    out: Path,
+    folder: Path,
     data: dict[str, Any],
-) -> dict[str, Any] | None:
-    """Train one run on this rank's stage; rank 0 returns (and writes) the run's metrics."""
+    *,
+    thinwire: RunConfig | None = None,
+    experiment: str = "sparse_axonn",
+    run_name: str | None = None,
+    tags: dict[str, str] | None = None,
+    callbacks: list[Any] | None = None,
+) -> dict[str, Any]:
+    """Train one run on this rank's stage into ``folder``; rank 0 writes (and returns) the stage's
+    metrics, the other ranks return the loop's. ``thinwire``: the run's config in the loop (default
+    :func:`run_config` of ``spec`` on this world)."""
     peak_reset = reset_peak_rss()
     rss_start = _status_bytes("VmRSS")
-    run = run_config(spec, config, ctx.world_size, prune_dir, len(data["train"]))
+    run = thinwire or run_config(spec, config, ctx.world_size, prune_dir, len(data["train"]))
     strategy = PipelineDataParallel.from_config(run)
     recorder = StepRecorder(strategy)
-    folder = out / name
     grid = f"{spec.stages}x{ctx.world_size // spec.stages}"
     start = time.perf_counter()
-    train(
+    metrics = train(
         run,
         folder,
-        experiment="sparse_axonn",
-        run_name=name,
-        tags={"stage": "train", "grid": grid},
+        experiment=experiment,
+        run_name=run_name or name,
+        tags={**(tags or {}), "stage": "train", "grid": grid},
         strategy=strategy,
-        callbacks=[recorder],
+        callbacks=[recorder, *(callbacks or [])],
         ctx=ctx,
         data=(data["train"], data["test"]),  # loaded once, before the runs: not a run's memory
     )
@@ -357,11 +361,10 @@ def train_run(
         "p2p_bits_steps": sorted({r["p2p_bits"] for r in rows}),
     }
     ranks = _gather(mine)
-    result = None
     if ctx.is_main:
-        result = _finish(name, spec, config, prune_dir, folder, data, ranks, rows, wall, grid)
+        metrics = _finish(name, spec, config, prune_dir, folder, data, ranks, rows, wall, grid)
     barrier()
-    return result
+    return metrics
 
 
 def _finish(
@@ -449,76 +452,65 @@ def _finish(
     return metrics
 
 
-# ------------------------------------------------------------------------------------ entry points
+# --------------------------------------------------------- the shared launcher's stage (pipelines/common.py)
 
 
-def worker(args: dict[str, Any]) -> None:
-    ctx = init_from_env()
-    from pipelines.common import setup_logging
-
-    setup_logging(ctx.rank)
-    config, runs = load_config(args["scale"])
-    data = load_data(config)
-    # Import what a run imports before any run starts, so that a run's memory is its own: the first
-    # GPT-2 built imports transformers' model code (~250 MB of resident memory, measured).
-    build_gpt2(config.model, len(data["train"].vocab))
-    if ctx.is_main:  # rank 0 tracks every run: MLflow's ~100 MB are not a run's memory
-        import mlflow.tracking  # noqa: F401
-    import torch.distributed.pipelining  # noqa: F401
-    import transformers.masking_utils  # noqa: F401
-
-    try:
-        for name in args["runs"]:
-            train_run(name, runs[name], config, ctx, Path(args["prune_dir"]), Path(args["out"]), data)
-    finally:
-        shutdown()
+def stage_config(run: str, scale: str | None, inputs: Path) -> RunConfig:
+    """The thinwire run of ``run`` (``pipelines.launch sparse_axonn <run>``), after checking what it
+    reads from the prune stage's outputs ``inputs`` (rewind state, masks against the model)."""
+    config, runs = load_config(scale)
+    (name,) = parse_runs(run, runs)
+    train_windows = check_inputs([name], runs, config, inputs)
+    return run_config(runs[name], config, config.train.world_size, inputs, train_windows)
 
 
-def main(argv: list[str] | None = None) -> None:
-    from pipelines.common import quiet_environment, setup_logging
+_LOADED: dict[str | None, dict[str, Any]] = {}
 
-    quiet_environment()
-    worker_args = os.environ.get(WORKER_ENV)
-    if worker_args:  # a torchrun worker started by the launcher below
-        worker(json.loads(worker_args))
-        return
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+
+def _loaded(scale: str | None, config: ScaleConfig) -> dict[str, Any]:
+    """The scale's data, loaded once per process, and what every run imports, imported before the
+    first: a run's memory is its own (the first GPT-2 built imports transformers' model code, ~250 MB
+    of resident memory, measured; MLflow on rank 0 ~100 MB)."""
+    if scale not in _LOADED:
+        data = load_data(config)
+        build_gpt2(config.model, len(data["train"].vocab))
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            import mlflow.tracking  # noqa: F401
+        import torch.distributed.pipelining  # noqa: F401
+        import transformers.masking_utils  # noqa: F401
+
+        _LOADED[scale] = data
+    return _LOADED[scale]
+
+
+def train_run(
+    config: RunConfig,
+    out_dir: str | Path,
+    *,
+    run: str,
+    scale: str | None,
+    inputs: Path,
+    experiment: str,
+    run_name: str,
+    tags: dict[str, str],
+    callbacks: list[Any],
+    ctx: DistContext,
+) -> dict[str, Any]:
+    """One run on this rank (``pipelines.train`` calls this for the pipeline): the thinwire loop with
+    this stage's measurements; returns rank 0's metrics (the others: the loop's own)."""
+    scale_config, runs = load_config(scale)
+    data = _loaded(scale, scale_config)
+    return train_paper_run(
+        run,
+        runs[run],
+        scale_config,
+        ctx,
+        inputs,
+        Path(out_dir),
+        data,
+        thinwire=config,
+        experiment=experiment,
+        run_name=run_name,
+        tags=tags,
+        callbacks=callbacks,
     )
-    parser.add_argument("runs", help="a run of params.yaml, or several (a,b) trained one after the other")
-    parser.add_argument("--scale", default=None, help="override params.yaml's scale")
-    parser.add_argument(
-        "--prune-dir", default=None, help="the prune stage's outputs (default results/sparse_axonn)"
-    )
-    parser.add_argument("--out", default=None, help="results folder (default results/sparse_axonn/runs)")
-    args = parser.parse_args(argv)
-    setup_logging()
-    prune_dir = Path(args.prune_dir).resolve() if args.prune_dir else OUT
-    out = Path(args.out).resolve() if args.out else prune_dir / "runs"
-    try:
-        config, runs = load_config(args.scale)
-        names = parse_runs(args.runs, runs)
-        check_inputs(names, runs, config, prune_dir)
-    except ValueError as error:  # DataError is a ValueError
-        raise SystemExit(f"error: {error}") from None
-    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or shutil.which("torchrun")
-    if torchrun is None:
-        raise SystemExit("torchrun not found next to this python or on PATH: run `make setup` first")
-    os.environ[WORKER_ENV] = json.dumps(
-        {"runs": names, "scale": args.scale, "prune_dir": str(prune_dir), "out": str(out)}
-    )
-    command = [
-        torchrun,
-        "--standalone",
-        f"--nproc_per_node={config.train.world_size}",
-        "--max-restarts=0",
-        "-m",
-        "papers.sparse_axonn.train",
-    ]
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execv(command[0], command)
-
-
-if __name__ == "__main__":
-    main()

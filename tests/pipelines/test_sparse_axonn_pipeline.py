@@ -53,9 +53,17 @@ def pruned(tmp_path_factory, env):
 @pytest.fixture(scope="module")
 def trained(pruned, tmp_path_factory, env):
     out = tmp_path_factory.mktemp("train")
-    command = [sys.executable, "-m", "papers.sparse_axonn.train", ",".join(SMOKE_RUNS), "--scale", "smoke"]
+    command = [
+        sys.executable,
+        "-m",
+        "pipelines.launch",
+        "sparse_axonn",
+        ",".join(SMOKE_RUNS),
+        "--scale",
+        "smoke",
+    ]
     result = run_group(
-        [*command, "--prune-dir", str(pruned), "--out", str(out)], cwd=REPO_ROOT, env=env, timeout=300
+        [*command, "--inputs", str(pruned), "--out", str(out)], cwd=REPO_ROOT, env=env, timeout=300
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     return out
@@ -215,14 +223,14 @@ def test_two_stages_by_two_replicas_train_like_one_process(pruned, trained, tmp_
     """The 2x2 run's losses and final perplexity against the same run trained here in one process."""
     from common.distributed import DistContext
     from papers.sparse_axonn.config import RunSpec
-    from papers.sparse_axonn.train import load_data, train_run
+    from papers.sparse_axonn.train import load_data, train_paper_run
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # refused at once: no tracking
     config, _ = load_config("smoke")
     data = load_data(config)
     ctx = DistContext(rank=0, world_size=1, local_rank=0, backend="gloo", device=torch.device("cpu"))
     spec = RunSpec(method="sparse", sparsity=0.9, stages=1)
-    metrics = train_run("sparse90_1x1", spec, config, ctx, pruned, tmp_path, data)
+    metrics = train_paper_run("sparse90_1x1", spec, config, ctx, pruned, tmp_path / "sparse90_1x1", data)
     assert metrics is not None
     reference = json.loads((trained / "sparse90_2x2" / "metrics.json").read_text())
     assert metrics["val_perplexity"] == pytest.approx(reference["val_perplexity"], rel=1e-4)
@@ -244,8 +252,11 @@ def test_the_report_puts_our_figures_beside_the_claims(pruned, trained):
     assert model is None or 0 < model["memory_reduction"] < 1
 
 
-def test_masks_that_do_not_fit_the_model_are_rejected_before_any_rank_starts(pruned, tmp_path):
-    from papers.sparse_axonn.train import main
+def test_masks_that_do_not_fit_the_model_are_rejected_before_any_rank_starts(pruned, tmp_path, monkeypatch):
+    from pipelines.common import INPUTS_ENV
+    from pipelines.launch import main
+
+    monkeypatch.setenv(INPUTS_ENV, "")  # restored after the test: main sets it from --inputs
 
     other = build_gpt2(ModelConfig(n_layer=2, n_embd=16, n_head=2, n_positions=32), 66)
     (tmp_path / "masks").mkdir()
@@ -253,10 +264,10 @@ def test_masks_that_do_not_fit_the_model_are_rejected_before_any_rank_starts(pru
     (tmp_path / "rewind.pt").write_bytes((pruned / "rewind.pt").read_bytes())
     # the command line's own checks: a clear error, and no torchrun started (main would exec it)
     with pytest.raises(SystemExit, match=r"error: run 'sparse90_2x2': mask .* has shape \(66, 16\)"):
-        main(["sparse90_2x2", "--scale", "smoke", "--prune-dir", str(tmp_path)])
+        main(["sparse_axonn", "sparse90_2x2", "--scale", "smoke", "--inputs", str(tmp_path)])
     (tmp_path / "masks" / "imp_global_90.pt").unlink()
     with pytest.raises(SystemExit, match=r"no mask file .*imp_global_90.pt: run the prune stage"):
-        main(["sparse90_2x2", "--scale", "smoke", "--prune-dir", str(tmp_path)])
+        main(["sparse_axonn", "sparse90_2x2", "--scale", "smoke", "--inputs", str(tmp_path)])
 
 
 @pytest.mark.parametrize("sparsity", [1.0, 1.5, -0.1, float("nan")])
