@@ -159,12 +159,12 @@ class RunConfig:
                 raise ValueError(f"unknown {name} {getattr(self, name)!r}; valid: {', '.join(choices)}")
         for name, (low, high, low_open, high_open, allow_none) in _RANGES.items():
             _check_number(name, getattr(self, name), low, high, low_open, high_open, allow_none)
-        if self.first_step and self.sampling != "draws":
-            raise ValueError(f"first_step {self.first_step} needs sampling: draws, got {self.sampling!r}")
         for name in ("lr_warmup_steps", "max_restarts", "seed", "first_step"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        if self.first_step and self.sampling != "draws":
+            raise ValueError(f"first_step {self.first_step} needs sampling: draws, got {self.sampling!r}")
 
     def _check_schedule(self) -> None:
         milestones = list(self.lr_milestones)

@@ -264,6 +264,7 @@ class _Run:
     run_id: str | None = None
     tracking_partial: bool = False  # a previous attempt lost its tracking mid-run
     stopped: bool = False  # stop_at reached (a time-to-target run ends at that evaluation)
+    resumed_at: list[int] = field(default_factory=list)  # the steps this run was resumed from (restarts)
     step_seconds: float = 0.0  # the last step's time (StepInfo.seconds)
 
     def checkpoint_state(self, tracking_partial: bool) -> dict[str, Any]:
@@ -281,6 +282,7 @@ class _Run:
             "eval_rows": self.eval_rows,
             "mlflow_run_id": self.run_id,
             "tracking_partial": tracking_partial,
+            "resumed_at": self.resumed_at,
         }
 
     def restore(self, state: dict[str, Any]) -> None:
@@ -294,6 +296,7 @@ class _Run:
         self.train_rows, self.eval_rows = state["train_rows"], state["eval_rows"]
         self.run_id = state["mlflow_run_id"]
         self.tracking_partial = bool(state.get("tracking_partial", False))
+        self.resumed_at = [*state.get("resumed_at", []), self.step]
 
 
 def train(
@@ -332,14 +335,7 @@ def train(
     if resume_step is not None:
         run.restore(checkpointer.load(resume_step))
     all_tags = _run_tags(run, run_name, tags)
-    tracker = Tracker(
-        experiment or "", run_name, enabled=ctx.is_main and experiment is not None, run_id=run.run_id
-    )
-    tracker.partial = run.tracking_partial
-    if ctx.is_main:
-        tracker.start(_flat_params(config), all_tags)
-        run.run_id = tracker.run_id  # kept from the checkpoint when a resumed run cannot reach the server
-    barrier()  # rank 0's tracking set-up must not show up as the others' communication time
+    tracker = _start_tracking(run, experiment, run_name, all_tags)
     try:
         _run_steps(run, checkpointer, tracker, callbacks)
     except BaseException as error:
@@ -359,6 +355,20 @@ def train(
     if ctx.is_main:
         _write_outputs(run, metrics, tracker, all_tags, f"{experiment or ''} {run_name}", run_name)
     return metrics
+
+
+def _start_tracking(run: _Run, experiment: str | None, run_name: str, tags: dict[str, str]) -> Tracker:
+    """Rank 0's MLflow run (resumed by the id a checkpoint kept), then a barrier: rank 0's tracking
+    set-up must not show up as the others' communication time."""
+    tracker = Tracker(
+        experiment or "", run_name, enabled=run.ctx.is_main and experiment is not None, run_id=run.run_id
+    )
+    tracker.partial = run.tracking_partial
+    if run.ctx.is_main:
+        tracker.start(_flat_params(run.config), tags)
+        run.run_id = tracker.run_id  # kept from the checkpoint when a resumed run cannot reach the server
+    barrier()
+    return tracker
 
 
 def _build_run(
@@ -633,6 +643,8 @@ def _write_outputs(
         "routes": dict(run.strategy.stats.routes),
         # "complete", "partial" (the MLflow run has gaps: the server went away) or "off"
         "tracking": tracker.state,
+        # the steps a restarted run resumed from (empty: it ran through in one go)
+        "resumed_at": run.resumed_at,
     }
     atomic_write_json(out_dir / "run.json", run_info)
     tracker.log_metrics({f"final_{k}": v for k, v in metrics.items() if math.isfinite(v)}, run.step)

@@ -116,18 +116,18 @@ def run_values(
 
 
 # A pipeline whose runs are not rows of RunConfig settings names, in its params.yaml, the module that
-# makes them (``stage: papers.sparse_axonn.train``): the launcher and the ranks then ask it for a
+# makes them (``runs_module: papers.sparse_axonn.train``): the launcher and the ranks then ask it for a
 # run's config (``stage_config(run, scale, inputs)``) and let it train the run around the thinwire loop
 # (``train_run(config, out_dir, run=..., ...)``, which adds its own measurements). ``inputs``: the
 # folder of an earlier stage's outputs it reads (sparse AxoNN: the prune stage's), given to the
 # launcher with --inputs and to the ranks through this variable; default results/<pipeline>.
-STAGE_KEY = "stage"
+RUNS_MODULE_KEY = "runs_module"
 INPUTS_ENV = "THINWIRE_INPUTS_DIR"
 
 
 def run_stage(pipeline: str) -> Any:
-    """The module a pipeline's ``stage:`` names, or None (its runs are RunConfig rows)."""
-    name = load_params(pipeline).get(STAGE_KEY)
+    """The module a pipeline's ``runs_module:`` names, or None (its runs are RunConfig rows)."""
+    name = load_params(pipeline).get(RUNS_MODULE_KEY)
     if name is None:
         return None
     import importlib

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from torch.futures import Future
 
 from .stats import CommStats
 
@@ -83,47 +84,84 @@ def all_gather_variable(
     the element counts are all-gathered first (int64 each, counted) and the buffers padded to the
     longest one; the padding crosses the wire and is counted too.
     """
-    world = get_world_size(group)
-    tensors = [t.reshape(-1) for t in tensors]
-    if world == 1:
-        return [list(tensors)]
-    device = tensors[0].device
-    counts = torch.tensor([t.numel() for t in tensors], dtype=torch.int64, device=device)
-    if sizes_known:
-        counts_W = counts.unsqueeze(0).expand(world, -1)
-    else:
-        counts_W = torch.empty(world * len(tensors), dtype=torch.int64, device=device)
-        _all_gather_single(counts_W, counts, group=group)
-        counts_W = counts_W.view(world, len(tensors))
+    if get_world_size(group) == 1:
+        return [[t.reshape(-1) for t in tensors]]
+    gather = _VariableGather(tensors, sizes_known, stats, group)
+    _all_gather_single(gather.recv, gather.send, group=group)
+    return gather.unpack()
+
+
+def all_gather_variable_async(
+    tensors: Sequence[Tensor],
+    *,
+    sizes_known: bool = False,
+    stats: CommStats | None = None,
+    group: ProcessGroup = None,
+) -> Future[list[list[Tensor]]]:
+    """:func:`all_gather_variable` whose payload all-gather runs in the background: a future of
+    ``out[r][i]`` (a DDP hook returns it chained with the decompression, so that the gather
+    overlaps the rest of the backward pass). The element counts, when not ``sizes_known``, are
+    gathered first and waited for (a few int64s: they size the receive buffer)."""
+    if get_world_size(group) == 1:
+        done: Future[list[list[Tensor]]] = Future()
+        done.set_result([[t.reshape(-1) for t in tensors]])
+        return done
+    gather = _VariableGather(tensors, sizes_known, stats, group)
+    work = _all_gather_single(gather.recv, gather.send, group=group, async_op=True)
+    assert work is not None
+    return work.get_future().then(lambda _: gather.unpack())
+
+
+class _VariableGather:
+    """One variable-size all-gather's buffers: every rank's element counts (gathered unless known),
+    this rank's bytes padded to the longest rank's, the receive buffer, and how to cut it up."""
+
+    def __init__(
+        self, tensors: Sequence[Tensor], sizes_known: bool, stats: CommStats | None, group: ProcessGroup
+    ) -> None:
+        world = get_world_size(group)
+        tensors = [t.reshape(-1) for t in tensors]
+        device = tensors[0].device
+        counts = torch.tensor([t.numel() for t in tensors], dtype=torch.int64, device=device)
+        if sizes_known:
+            counts_W = counts.unsqueeze(0).expand(world, -1)
+        else:
+            counts_W = torch.empty(world * len(tensors), dtype=torch.int64, device=device)
+            _all_gather_single(counts_W, counts, group=group)
+            counts_W = counts_W.view(world, len(tensors))
+            if stats is not None:
+                stats.add_call("all_gather_counts", _bits(counts))
+        itemsizes = torch.tensor([t.element_size() for t in tensors], dtype=torch.int64, device=device)
+        self.nbytes_W = (counts_W * itemsizes).cpu()  # one host sync: needed to size the receive buffer
+        self.max_bytes = max_bytes = int(self.nbytes_W.sum(1).max())
+        views = [t.contiguous().view(torch.uint8) for t in tensors]
+        if len(views) == 1 and views[0].numel() == max_bytes:
+            self.send = views[0]  # nothing to concatenate or pad: send the bytes as they are
+        else:
+            self.send = torch.empty(max_bytes, dtype=torch.uint8, device=device)
+            mine = torch.cat(views) if views else self.send[:0]
+            self.send[: mine.numel()] = mine
+            self.send[mine.numel() :].zero_()  # the padding crosses the wire: make it deterministic
+        self.recv = torch.empty(world * max_bytes, dtype=torch.uint8, device=device)
         if stats is not None:
-            stats.add_call("all_gather_counts", _bits(counts))
-    itemsizes = torch.tensor([t.element_size() for t in tensors], dtype=torch.int64, device=device)
-    nbytes_W = (counts_W * itemsizes).cpu()  # one host sync: needed to size the receive buffer
-    max_bytes = int(nbytes_W.sum(1).max())
-    views = [t.contiguous().view(torch.uint8) for t in tensors]
-    if len(views) == 1 and views[0].numel() == max_bytes:
-        send = views[0]  # nothing to concatenate or pad: send the bytes as they are
-    else:
-        send = torch.empty(max_bytes, dtype=torch.uint8, device=device)
-        mine = torch.cat(views) if views else send[:0]
-        send[: mine.numel()] = mine
-        send[mine.numel() :].zero_()  # the padding crosses the wire: make it deterministic
-    recv = torch.empty(world * max_bytes, dtype=torch.uint8, device=device)
-    _all_gather_single(recv, send, group=group)
-    recv = recv.view(world, max_bytes)
-    if stats is not None:
-        stats.add_call("all_gather", _bits(send))
-    out: list[list[Tensor]] = []
-    for r in range(world):
-        parts = recv[r].split([*nbytes_W[r].tolist(), max_bytes - int(nbytes_W[r].sum())])
-        # A byte slice can be viewed as a wider dtype only at an aligned offset; copy otherwise.
-        out.append(
-            [
-                (p if p.storage_offset() % t.element_size() == 0 else p.clone()).view(t.dtype)
-                for p, t in zip(parts, tensors, strict=False)
-            ]
-        )
-    return out
+            stats.add_call("all_gather", _bits(self.send))
+        self.world = world
+        self.dtypes = [t.dtype for t in tensors]
+
+    def unpack(self) -> list[list[Tensor]]:
+        rows = self.recv.view(self.world, self.max_bytes)
+        out: list[list[Tensor]] = []
+        for r in range(self.world):
+            sizes = self.nbytes_W[r].tolist()
+            parts = rows[r].split([*sizes, self.max_bytes - int(sum(sizes))])
+            # A byte slice can be viewed as a wider dtype only at an aligned offset; copy otherwise.
+            out.append(
+                [
+                    (p if p.storage_offset() % dtype.itemsize == 0 else p.clone()).view(dtype)
+                    for p, dtype in zip(parts, self.dtypes, strict=False)
+                ]
+            )
+        return out
 
 
 def exchange(

@@ -23,6 +23,7 @@ from ..feedback import ErrorFeedback
 from .collectives import (
     ProcessGroup,
     all_gather_variable,
+    all_gather_variable_async,
     all_reduce_max_,
     all_reduce_sum_,
     get_rank,
@@ -252,19 +253,36 @@ class GradientSync:
         return self._finish_all(steps, gathered, flat)
 
     def reduce_flat_async(self, names: Sequence[str], flat: Tensor, sizes: Sequence[int]) -> Future[Tensor]:
-        """:meth:`reduce_flat` whose all-reduce runs in the background (linear compressors).
+        """:meth:`reduce_flat` whose collective runs in the background.
 
-        Returns a future of the mean, so that DDP can overlap the all-reduce with the rest of the
-        backward pass. Not-linear compressors (all-gather) and world size 1 complete at once.
-        ``communicate`` seconds are then the time from launch to completion, overlap included.
+        Returns a future of the mean, so that DDP can overlap the all-reduce (linear compressors)
+        or the payloads' all-gather (the others) with the rest of the backward pass; decompression
+        runs when the collective completes. Routes of several rounds (TernGrad's shared scaler,
+        PowerSGD's two all-reduces) and world size 1 complete at once. ``communicate`` seconds are
+        then the time from launch to completion, overlap included.
         """
         world = get_world_size(self.group)
-        if not self.use_allreduce or world == 1:
+        needs = self.compressor.needs
+        if world == 1 or needs.scaled_codes or needs.low_rank:
             future: Future[Tensor] = Future()
             future.set_result(self.reduce_flat(names, flat, sizes))
             return future
         steps = [self._compress(*unit) for unit in self._units(names, flat, sizes)]
         start = time.perf_counter()
+        if not self.use_allreduce:
+            keys = [list(step.payload.wire) for step in steps]
+            gathering = all_gather_variable_async(
+                [t for step in steps for t in step.payload.wire.values()],
+                sizes_known=self.compressor.fixed_size,
+                stats=self.stats,
+                group=self.group,
+            )
+
+            def decode(done: Future[list[list[Tensor]]]) -> Tensor:
+                self.stats.seconds["communicate"] += time.perf_counter() - start
+                return self._finish_all(steps, self._split_gathered(steps, keys, done.value()), flat)
+
+            return gathering.then(decode)
         works = self._all_reduce_payloads(steps, async_op=True)
         futures = [work.future for work in works if work.future is not None]
 
@@ -316,6 +334,13 @@ class GradientSync:
             stats=self.stats,
             group=self.group,
         )
+        return self._split_gathered(steps, keys, per_rank)
+
+    @staticmethod
+    def _split_gathered(
+        steps: list[_Step], keys: list[list[str]], per_rank: list[list[Tensor]]
+    ) -> list[list[Payload]]:
+        """``per_rank[r]``: rank r's wire tensors of every step, in order -> each step's payloads."""
         gathered: list[list[Payload]] = [[] for _ in steps]
         for tensors in per_rank:
             offset = 0

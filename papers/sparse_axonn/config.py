@@ -317,8 +317,8 @@ def from_params(
     params: Mapping[str, Any], scale: str | None = None
 ) -> tuple[ScaleConfig, dict[str, RunSpec]]:
     """The scale's settings and every run, checked, from params.yaml's content."""
-    # extrapolation: the report's; stage: the module the shared launcher asks for each run's config
-    allowed = {"scale", "defaults", "scales", "runs", "extrapolation", "stage"}
+    # extrapolation: the report's; runs_module: the module the shared launcher asks for each run's config
+    allowed = {"scale", "defaults", "scales", "runs", "extrapolation", "runs_module"}
     extra = sorted(k for k in params if k not in allowed and not str(k).startswith("."))
     if extra:
         raise ValueError(

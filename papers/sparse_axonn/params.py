@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pipelines.common import RESULTS_DIR, load_params
+from pipelines.common import RESULTS_DIR, SCRATCH_DIR, load_params
 
 from .config import RunSpec, ScaleConfig, from_params
 
@@ -23,7 +24,11 @@ def load_config(scale: str | None = None) -> tuple[ScaleConfig, dict[str, RunSpe
 
 
 def out_dir(path: str | None) -> Path:
-    out = Path(path).resolve() if path else OUT
+    """``path``, or the git-ignored scratch folder of a hand run: only the DVC stage, which passes
+    ``--out results/sparse_axonn``, writes the committed results."""
+    out = Path(path).resolve() if path else SCRATCH_DIR / PIPELINE
+    if not path:
+        print(f"no --out: writing under {out} (git-ignored scratch)", file=sys.stderr)
     out.mkdir(parents=True, exist_ok=True)
     return out
 

@@ -1,6 +1,6 @@
 """The prune stage: train a small GPT-2 densely, then prune it by magnitude with weight rewinding.
 
-    python -m papers.sparse_axonn.prune                    # scale from params.yaml (cpu)
+    python -m papers.sparse_axonn.prune                    # into scratch/sparse_axonn (DVC: --out results/sparse_axonn)
     python -m papers.sparse_axonn.prune --scale smoke --out /tmp/prune
 
 One process. Dense AdamW training for ``prune.steps`` steps on character-level Tiny Shakespeare;
@@ -320,7 +320,11 @@ def main(argv: list[str] | None = None) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--scale", default=None, help="override params.yaml's scale")
-    parser.add_argument("--out", default=None, help="output folder (default results/sparse_axonn)")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="output folder (default scratch/sparse_axonn, git-ignored; the DVC stage passes results/sparse_axonn)",
+    )
     args = parser.parse_args(argv)
     from pipelines.common import quiet_environment, setup_logging
 

@@ -3,7 +3,7 @@
     python -m pipelines.launch sparse_axonn sparse90_2x2 --out /tmp/t       # one run of params.yaml
     python -m pipelines.launch sparse_axonn dense_2x2,sparse90_2x2 --scale smoke --inputs /tmp/p --out /tmp/t
 
-Launched like every other run: ``params.yaml`` names this module (``stage:``), so the shared launcher
+Launched like every other run: ``params.yaml`` names this module (``runs_module:``), so the shared launcher
 asks it for each run's config (:func:`stage_config`, which first checks the prune stage's masks and
 rewind state in ``--inputs``, default ``results/sparse_axonn``, against the model: a mask that does
 not fit fails there, before any rank starts) and its ranks train each run through

@@ -300,3 +300,44 @@ def test_an_elementwise_compressor_compresses_a_bucket_in_one_call():
         assert sync._draws == units, name
         if name == "fp16":  # one process: the mean is the cast itself
             assert torch.equal(a, expected[0]) and torch.equal(b, expected[1])
+
+
+def _gather_in_background(rank: int, world: int) -> dict:
+    """Rank 1 joins the all-gather late: rank 0's future is still pending when the hook returns it
+    (the collective runs while DDP goes on with the backward pass), and the mean it ends with
+    equals the blocking path's."""
+    import time
+
+    torch.manual_seed(rank)
+    flat = torch.randn(4000)
+    sizes = [1000, 3000]
+    names = ["a", "b"]
+    blocking = GradientSync(
+        build_compressor("topk", density=0.05), error_feedback=True, compress_per_tensor=True
+    )
+    background = GradientSync(
+        build_compressor("topk", density=0.05), error_feedback=True, compress_per_tensor=True
+    )
+    expected = blocking.reduce_flat(names, flat.clone(), sizes).clone()
+    if rank == 1:
+        time.sleep(1.0)
+    future = background.reduce_flat_async(names, flat.clone(), sizes)
+    pending = not future.done()
+    result = future.wait()
+    residuals = {n: background.error_feedback.residuals[n].clone() for n in names}
+    return {
+        "pending": pending,
+        "equal": torch.equal(result, expected),
+        "residuals_equal": all(
+            torch.equal(residuals[n], blocking.error_feedback.residuals[n]) for n in names
+        ),
+        "bits": (background.stats.bits_sent, blocking.stats.bits_sent),
+    }
+
+
+def test_the_all_gather_route_runs_in_the_background_and_equals_the_blocking_one(tmp_path):
+    results = run_ranks(_gather_in_background, 2, tmp_path=tmp_path)
+    assert results[0]["pending"]  # rank 0 got its future before rank 1 had sent anything
+    for r in results:
+        assert r["equal"] and r["residuals_equal"]
+        assert r["bits"][0] == r["bits"][1] > 0

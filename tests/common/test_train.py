@@ -79,6 +79,7 @@ def test_outputs_and_metrics(reference):
     assert (out / "eval_curve.csv").read_text().startswith("step,epoch,wall_seconds,test_loss,test_accuracy")
     run = json.loads((out / "run.json").read_text())
     assert run["config"]["compressor"] == "randomk" and run["mlflow_run_id"] is None
+    assert run["resumed_at"] == []  # ran through in one go
 
 
 def test_failed_run_keeps_earlier_outputs_then_resumes_bit_exact(reference, tmp_path):
@@ -108,6 +109,7 @@ def test_failed_run_keeps_earlier_outputs_then_resumes_bit_exact(reference, tmp_
     assert _deterministic_columns(rerun / "train_curve.csv") == _deterministic_columns(
         out / "train_curve.csv"
     )
+    assert json.loads((rerun / "run.json").read_text())["resumed_at"] == [16]  # the restart is on record
 
 
 def test_stop_at_ends_at_the_first_evaluation_reaching_the_target_on_the_full_runs_trajectory(
@@ -181,6 +183,7 @@ def test_a_hung_then_a_killed_rank_both_restart_and_resume_bit_exact(reference, 
     assert "rank 0 waited over collective_timeout_s = 4 s for its peers at step 20" in result.stderr
     assert "Timed out waiting 4000ms" in result.stderr and "common/" in result.stderr
     assert "exitcode: -9" in result.stderr  # torchrun saw the SIGKILL and restarted the ranks
+    assert json.loads((faulty / "run.json").read_text())["resumed_at"] == [16, 32]
     for rank in range(2):
         a, b = _final_state(out, rank)["model"], _final_state(faulty, rank)["model"]
         assert all(torch.equal(a[k], b[k]) for k in a)
