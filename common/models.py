@@ -13,6 +13,7 @@ with ``.to(device)``. Parameters are initialised from torch's global RNG, so cal
 
 from __future__ import annotations
 
+import functools
 import inspect
 import warnings
 from collections.abc import Callable, Sequence
@@ -635,8 +636,32 @@ class LSTMLanguageModel(nn.Module):
             self.decoder.weight = self.embedding.weight
 
     def forward(self, x: Tensor) -> Tensor:
-        hidden, _ = self.lstm(self.dropout(self.embedding(x)))
+        embedded = self.dropout(self.embedding(x))
+        if embedded.device.type == "cpu" and _bf16_autocast_cpu() and not bf16_lstm_supported():
+            # oneDNN has no bf16 LSTM on this CPU (no AVX512-BF16 or AMX: "could not create a
+            # primitive descriptor for the LSTM forward propagation primitive"): the recurrence runs
+            # in fp32 here, everything around it in bf16 as elsewhere.
+            with torch.autocast("cpu", enabled=False):
+                hidden, _ = self.lstm(embedded.float())
+        else:
+            hidden, _ = self.lstm(embedded)
         return self.decoder(self.dropout(hidden))
+
+
+def _bf16_autocast_cpu() -> bool:
+    return torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+
+
+@functools.cache
+def bf16_lstm_supported() -> bool:
+    """Whether this CPU runs ``nn.LSTM`` under bf16 autocast (oneDNN's bf16 RNN needs AVX512-BF16 or
+    AMX; on an AVX2-only CPU it fails). Probed once with a 2-unit LSTM, the global RNG untouched."""
+    with torch.random.fork_rng(devices=[]), torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        try:
+            nn.LSTM(2, 2, batch_first=True)(torch.zeros(1, 1, 2))
+        except RuntimeError:
+            return False
+    return True
 
 
 class GPT2LanguageModel(nn.Module):

@@ -24,6 +24,12 @@ bits a rank hands to collectives per step: thinwire's from its CommStats, torch'
 state's element counts (``PowerSGDState.compression_stats``: P's, Q's and uncompressed entries),
 torch's fp16 as half the gradient. Rank 0 writes ``benchmarks/results/ddp_hooks.md`` (the latest run
 of each model and world size) and appends to ``ddp_hooks.csv`` (``--no-write``: print only).
+
+``--bucket-cap-mb 25`` (DDP's default) gives a model several buckets, so that a hook's collective can
+overlap the rest of the backward pass; torch's PowerSGD variants are left out there (they abort on
+gloo with several buckets, above), and ``thinwire_topk1_ef_blocking`` is top-k through a hook that
+waits for its all-gather (the hook before its all-gather ran in the background): the overlap's worth,
+in the same run. Results go to ``ddp_hooks_b<cap>.md`` / ``.csv``.
 """
 
 # No ``from __future__ import annotations``: DDP checks a comm hook's annotations at run time.
@@ -55,7 +61,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common.comm import install_ddp_hook
+from common.comm import GradientSync, install_ddp_hook
 from common.compressors import build_compressor
 from common.strategies import DGCDataParallel
 
@@ -106,10 +112,25 @@ class Variant:
         return time.perf_counter() - start
 
 
+BUCKET_CAP_MB = [1024]  # set from --bucket-cap-mb
+
+
 def _ddp(model_name: str, state: dict[str, torch.Tensor]) -> DDP:
     model = MODELS[model_name](num_classes=10)
     model.load_state_dict(state)
-    return DDP(model, bucket_cap_mb=1024, broadcast_buffers=False)
+    return DDP(model, bucket_cap_mb=BUCKET_CAP_MB[0], broadcast_buffers=False)
+
+
+def _blocking_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """thinwire's hook as it was before its all-gather ran in the background: it waits."""
+    params = bucket.parameters()
+    names = [state.param_names[id(p)] for p in params]
+    buffer = bucket.buffer()
+    if bucket.is_last():
+        state.stats.steps += 1
+    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    future.set_result(state.reduce_flat(names, buffer, [p.numel() for p in params]).view_as(buffer))
+    return future
 
 
 def build_variants(model_name: str) -> list[Variant]:
@@ -123,7 +144,7 @@ def build_variants(model_name: str) -> list[Variant]:
     ours16 = _ddp(model_name, state)
     sync16 = install_ddp_hook(ours16, "fp16")
     variants.append(Variant("thinwire_fp16", ours16, _per_step(sync16)))
-    for rank in RANKS:
+    for rank in RANKS if BUCKET_CAP_MB[0] >= 1024 else ():
         theirs = _ddp(model_name, state)
         torch_state = powerSGD_hook.PowerSGDState(
             process_group=None, matrix_approximation_rank=rank, start_powerSGD_iter=2
@@ -139,6 +160,14 @@ def build_variants(model_name: str) -> list[Variant]:
             model, options["compressor"], **{k: v for k, v in options.items() if k != "compressor"}
         )
         variants.append(Variant(f"thinwire_{name}", model, _per_step(sync)))
+    if BUCKET_CAP_MB[0] < 1024:  # several buckets: the overlap's worth
+        model = _ddp(model_name, state)
+        sync = GradientSync(
+            build_compressor("topk", density=0.01), error_feedback=True, compress_per_tensor=True
+        )
+        sync.name_parameters(model.module)  # what install_ddp_hook does, with the waiting hook
+        model.register_comm_hook(sync, _blocking_hook)
+        variants.append(Variant("thinwire_topk1_ef_blocking", model, _per_step(sync)))
     model = _ddp(model_name, state)  # DGC's whole step (momentum correction, masking) through the hook
     dgc = DGCDataParallel(build_compressor("dgc", density=0.001), momentum=0.9, weight_decay=5e-4)
     variant = Variant("thinwire_dgc", model, _per_step(dgc))
@@ -165,7 +194,12 @@ def main() -> None:
     parser.add_argument("--cycles", type=int, default=20)
     parser.add_argument("--variants", nargs="+", default=None, help="only these (allreduce always runs)")
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument(
+        "--bucket-cap-mb", type=int, default=1024, help="DDP's bucket size (default: one bucket)"
+    )
     args = parser.parse_args()
+    BUCKET_CAP_MB[0] = args.bucket_cap_mb
+    suffix = "" if args.bucket_cap_mb == 1024 else f"_b{args.bucket_cap_mb}"
     rank, world = init_gloo()
     command = f"torchrun --nproc_per_node {world} {shlex.join(sys.argv)}"
     for model_name in args.models:
@@ -196,9 +230,9 @@ def main() -> None:
                     f"[{row['ratio_q1']:.3f}, {row['ratio_q3']:.3f}]  {row['bits_per_step'] / 1e6:8.2f} Mbit/step"
                 )
             if not args.no_write:
-                append_rows(RESULTS_DIR / "ddp_hooks.csv", COLUMNS, rows)
+                append_rows(RESULTS_DIR / f"ddp_hooks{suffix}.csv", COLUMNS, rows)
     if rank == 0 and not args.no_write:
-        _write_markdown()
+        _write_markdown(suffix)
     dist.destroy_process_group()
 
 
@@ -232,8 +266,8 @@ def _rows(model_name, variants, args, world, command, bits_before) -> list[dict[
     return rows
 
 
-def _write_markdown() -> None:
-    rows = read_rows(RESULTS_DIR / "ddp_hooks.csv")
+def _write_markdown(suffix: str) -> None:
+    rows = read_rows(RESULTS_DIR / f"ddp_hooks{suffix}.csv")
     latest: dict[tuple[str, str], str] = {}
     for row in rows:
         latest[(row["model"], row["world_size"])] = row["date"]
@@ -262,7 +296,7 @@ def _write_markdown() -> None:
                 f"[{float(r['ratio_q1']):.3f}, {float(r['ratio_q3']):.3f}] | {float(r['bits_per_step']) / 1e6:.2f} |"
             )
         lines.append("")
-    (RESULTS_DIR / "ddp_hooks.md").write_text("\n".join(lines))
+    (RESULTS_DIR / f"ddp_hooks{suffix}.md").write_text("\n".join(lines))
 
 
 if __name__ == "__main__":
