@@ -64,7 +64,8 @@ class RunConfig:
     grad_clip_norm: float | None = None
     # Compute, not communication: "bf16" runs forward and backward under autocast (weights,
     # gradients and everything a compressor sees stay fp32). channels_last: NHWC convolutions.
-    # Both pay on CPUs with AMX/AVX-512 bf16 (measured 2.7x together on the suite's CIFAR net).
+    # Both pay on CPUs with AMX/AVX-512 bf16 (measured 2.7x together on the suite's CIFAR net); a
+    # CPU without bf16 units computes a bf16 run in fp32 (common.train.compute_precision).
     precision: str = "fp32"
     channels_last: bool = False
     batch_size: int = 64  # per rank

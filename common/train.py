@@ -27,6 +27,7 @@ import io
 import logging
 import math
 import os
+import platform
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -108,9 +109,30 @@ def prepare_model(config: RunConfig, model: nn.Module, train_set: Dataset, devic
     return model
 
 
+def cpu_has_bf16() -> bool:
+    """Whether this CPU computes bf16 in hardware (AMX or AVX512-BF16 on x86; other architectures
+    are assumed to). On an x86 CPU without them oneDNN emulates bf16: the suite's airbench step was
+    10x slower in bf16 than in fp32 on an AVX2-only AMD EPYC (3.6 s against 0.33 s for 256 CIFAR
+    images, one thread, 2026-12-02), and its LSTM has no bf16 kernel at all."""
+    if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686"):
+        return True
+    return bool(torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported())
+
+
+def compute_precision(config: RunConfig, device: torch.device) -> str:
+    """What a run computes its forward and backward in: ``"bf16"`` where it asks for it
+    (``precision: bf16``) and the device has bf16 arithmetic (a GPU, or :func:`cpu_has_bf16`),
+    ``"fp32"`` otherwise. A CPU without bf16 units runs a bf16 recipe in fp32 (faster there, and
+    closer to exact); ``run.json`` and the run's tags record which (``compute_precision``)."""
+    if config.precision != "bf16" or (device.type == "cpu" and not cpu_has_bf16()):
+        return "fp32"
+    return "bf16"
+
+
 def autocast(config: RunConfig, device: torch.device) -> Any:
-    """The compute-precision context of a forward (and its backward) for ``config.precision``."""
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.precision == "bf16")
+    """The compute-precision context of a forward (and its backward): :func:`compute_precision`."""
+    enabled = compute_precision(config, device) == "bf16"
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled)
 
 
 def _build_model(config: RunConfig, dataset: Dataset) -> nn.Module:
@@ -467,6 +489,7 @@ def _run_tags(run: _Run, run_name: str, tags: dict[str, str] | None) -> dict[str
         "device": str(run.ctx.device.type),
         "fingerprint": run.config.fingerprint(),
         "network": os.environ.get("THINWIRE_NETWORK", "host"),
+        "compute_precision": compute_precision(run.config, run.ctx.device),
         **(tags or {}),
     }
 
@@ -637,6 +660,8 @@ def _write_outputs(
         "fingerprint": run.config.fingerprint(),
         "config": run.config.to_dict(),
         "network": os.environ.get("THINWIRE_NETWORK", "host"),
+        # what the forward and backward ran in: a bf16 recipe runs in fp32 on a CPU without bf16 units
+        "compute_precision": compute_precision(run.config, run.ctx.device),
         # op -> [calls, bytes] per step on rank 0: the traffic a cost model prices
         "comm_ops_per_step": {k: list(v) for k, v in run.strategy.stats.ops_per_step().items()},
         # tensors per transport route, where a method picks one (TernGrad: all-gather or int8)

@@ -39,7 +39,10 @@ def test_label_smoothing_changes_the_training_loss_only_as_torch_defines_it():
     assert _loss_fn("text", 0.1)(text_logits, text_y) == pytest.approx(float(flat))
 
 
-def test_bf16_autocast_keeps_weights_and_gradients_fp32():
+def test_bf16_autocast_keeps_weights_and_gradients_fp32(monkeypatch):
+    import common.train
+
+    monkeypatch.setattr(common.train, "cpu_has_bf16", lambda: True)  # as on a CPU with bf16 units
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(4 * 6 * 6, 10))
     config = RunConfig(precision="bf16")
     with autocast(config, torch.device("cpu")):
@@ -49,6 +52,23 @@ def test_bf16_autocast_keeps_weights_and_gradients_fp32():
     assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in model.parameters())
     with autocast(RunConfig(), torch.device("cpu")):
         assert model(torch.randn(2, 3, 8, 8)).dtype == torch.float32
+
+
+def test_a_bf16_recipe_computes_in_fp32_on_a_cpu_without_bf16_units(monkeypatch):
+    """oneDNN emulates bf16 there (10x slower than fp32 for the suite's net, measured) and has no bf16
+    LSTM: the run computes in fp32 and says so (``compute_precision``)."""
+    import common.train
+    from common.train import compute_precision
+
+    cpu, config = torch.device("cpu"), RunConfig(precision="bf16")
+    monkeypatch.setattr(common.train, "cpu_has_bf16", lambda: False)
+    assert compute_precision(config, cpu) == "fp32"
+    with autocast(config, cpu):
+        assert nn.Linear(4, 2)(torch.randn(3, 4)).dtype == torch.float32
+    monkeypatch.setattr(common.train, "cpu_has_bf16", lambda: True)
+    assert compute_precision(config, cpu) == "bf16"
+    assert compute_precision(RunConfig(), cpu) == "fp32"  # an fp32 recipe everywhere
+    assert compute_precision(config, torch.device("cuda")) == "bf16"  # GPUs: bf16 units assumed
 
 
 @pytest.mark.parametrize(
