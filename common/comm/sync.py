@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -271,12 +271,7 @@ class GradientSync:
         start = time.perf_counter()
         if not self.use_allreduce:
             keys = [list(step.payload.wire) for step in steps]
-            gathering = all_gather_variable_async(
-                [t for step in steps for t in step.payload.wire.values()],
-                sizes_known=self.compressor.fixed_size,
-                stats=self.stats,
-                group=self.group,
-            )
+            gathering = self._gather_wire(steps, all_gather_variable_async)
 
             def decode(done: Future[list[list[Tensor]]]) -> Tensor:
                 self.stats.seconds["communicate"] += time.perf_counter() - start
@@ -328,13 +323,16 @@ class GradientSync:
     def _all_gather_payloads(self, steps: list[_Step]) -> list[list[Payload]]:
         """Every rank's payloads, all of a bucket's wire tensors in one (variable-size) all-gather."""
         keys = [list(step.payload.wire) for step in steps]
-        per_rank = all_gather_variable(
+        return self._split_gathered(steps, keys, self._gather_wire(steps, all_gather_variable))
+
+    def _gather_wire(self, steps: list[_Step], gather: Any) -> Any:
+        """``gather`` (blocking or not) of every step's wire tensors, in order, in one collective."""
+        return gather(
             [t for step in steps for t in step.payload.wire.values()],
             sizes_known=self.compressor.fixed_size,
             stats=self.stats,
             group=self.group,
         )
-        return self._split_gathered(steps, keys, per_rank)
 
     @staticmethod
     def _split_gathered(

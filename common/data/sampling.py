@@ -23,6 +23,23 @@ def _as_int(name: str, value: int) -> int:
         raise ValueError(f"{name} must be an int, got {value!r}") from None
 
 
+def _check_shard(
+    num_examples: int, batch_size: int, rank: int, world_size: int, seed: int, *, min_examples: int
+) -> tuple[int, int, int, int, int]:
+    """The sampling arguments as ints, checked (a bad one is an error naming it and its range)."""
+    num_examples, batch_size = _as_int("num_examples", num_examples), _as_int("batch_size", batch_size)
+    rank, world_size, seed = _as_int("rank", rank), _as_int("world_size", world_size), _as_int("seed", seed)
+    if num_examples < min_examples:
+        raise ValueError(f"num_examples must be >= {min_examples}, got {num_examples}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+    return num_examples, batch_size, rank, world_size, seed
+
+
 def epoch_batches(
     num_examples: int, batch_size: int, *, rank: int, world_size: int, seed: int, epoch: int
 ) -> list[torch.Tensor]:
@@ -34,17 +51,10 @@ def epoch_batches(
     gets the same number of batches, ``num_examples // world_size // batch_size`` (zero when there
     are fewer than ``world_size * batch_size`` examples), and no index appears on two ranks.
     """
-    num_examples, batch_size = _as_int("num_examples", num_examples), _as_int("batch_size", batch_size)
-    rank, world_size = _as_int("rank", rank), _as_int("world_size", world_size)
-    seed, epoch = _as_int("seed", seed), _as_int("epoch", epoch)
-    if num_examples < 0:
-        raise ValueError(f"num_examples must be >= 0, got {num_examples}")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size}")
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+    num_examples, batch_size, rank, world_size, seed = _check_shard(
+        num_examples, batch_size, rank, world_size, seed, min_examples=0
+    )
+    epoch = _as_int("epoch", epoch)
     if epoch < 0:
         raise ValueError(f"epoch must be >= 0, got {epoch}")
     # Empty when num_examples < world_size * batch_size; the caller decides whether that is an error.
@@ -67,15 +77,10 @@ def drawn_batch(
     consecutive ``batch_size`` of them, ``[r b, (r + 1) b)``, as a pipeline splits a global batch
     over its replicas. The global RNG is not touched.
     """
-    num_examples, batch_size = _as_int("num_examples", num_examples), _as_int("batch_size", batch_size)
-    rank, world_size = _as_int("rank", rank), _as_int("world_size", world_size)
-    seed, step = _as_int("seed", seed), _as_int("step", step)
-    if num_examples < 1:
-        raise ValueError(f"num_examples must be >= 1, got {num_examples}")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+    num_examples, batch_size, rank, world_size, seed = _check_shard(
+        num_examples, batch_size, rank, world_size, seed, min_examples=1
+    )
+    step = _as_int("step", step)
     generator = torch.Generator().manual_seed(seed * 1_000_003 + step)
     draw = torch.randint(num_examples, (world_size * batch_size,), generator=generator)
     return draw[rank * batch_size : (rank + 1) * batch_size]
