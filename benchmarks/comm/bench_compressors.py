@@ -1,4 +1,4 @@
-"""Per call: thinwire's top-k, QSGD and TernGrad against GRACE's algorithms written out in plain torch.
+"""Per call: thinwire's top-k, QSGD, TernGrad and DGC against their peers' code, in plain torch.
 
     PYTHONPATH=. .venv/bin/python benchmarks/comm/bench_compressors.py            # writes compressors.md
     PYTHONPATH=. .venv/bin/python benchmarks/comm/bench_compressors.py --no-write
@@ -8,8 +8,13 @@ whose code is not installable here. Its three compressors are a few torch expres
 out below as GRACE computes them (top-k: ``topk(|x|)`` then ``gather``, ``zeros().scatter_()`` to
 decompress; QSGD: one l2 norm per tensor, ``uniform_`` noise, int8 levels; TernGrad: 2.5 sigma
 clamp, ``uniform_(0, scalar)``, int8 signs), so the comparison is on this machine, in one process,
-same tensors. thinwire's are the registry's compressors with the suite's options (top-k 1 %, QSGD
-4-bit buckets of 512 fixed-width, TernGrad shared-scaler clipping at 2.5 sigma), bit-packed.
+same tensors. DGC's peer is its official code (``synxlin/deep-gradient-compression``,
+``_sparsify`` and ``decompress``: ``tests/helpers/official_dgc.py``, the start of its strided
+sample from Python's ``random`` as there; decompression into a reused gradient buffer, as there).
+thinwire's are the registry's compressors with the suite's options (top-k 1 %, QSGD 4-bit buckets
+of 512 fixed-width, TernGrad shared-scaler clipping at 2.5 sigma, DGC at 0.1 %), bit-packed;
+decompression into a reused buffer (``decompress_into``) where the compressor has its own, else
+``decompress``.
 For each size (1e5, 1e6, 1e7 fp32 entries) and thread count (1, 2) the calls alternate, thinwire then
 GRACE, ``--repeats`` times; reported: median ms of compress and of decompress (one payload) and the
 ratio thinwire / GRACE (below 1: thinwire faster), and the bits each puts on the wire.
@@ -18,6 +23,7 @@ ratio thinwire / GRACE (below 1: thinwire faster), and the bits each puts on the
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import sys
 import time
@@ -27,7 +33,8 @@ from pathlib import Path
 import torch
 from _bench_util import git_sha, now_iso
 
-from common.compressors import CompressorRNG, build_compressor
+from common.compressors import Compressor, CompressorRNG, build_compressor
+from tests.helpers import official_dgc as official
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "compressors.md"
 SIZES = (10**5, 10**6, 10**7)
@@ -35,6 +42,7 @@ THINWIRE = {
     "topk": ("topk", {"density": 0.01}),
     "qsgd": ("qsgd", {"bits": 4, "bucket_size": 512, "encoding": "fixed"}),
     "terngrad": ("terngrad", {"clip": 2.5}),
+    "dgc": ("dgc", {"density": 0.001}),
 }
 
 
@@ -67,7 +75,16 @@ def grace_terngrad(x: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], Callable[
     return (codes, scalar.flatten()), lambda: codes.type(torch.float32) * scalar
 
 
-GRACE = {"topk": grace_topk, "qsgd": grace_qsgd, "terngrad": grace_terngrad}
+def official_dgc(x: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], Callable[[], torch.Tensor]]:
+    _, _, _, stride = official.sample_plan(x.numel(), 0.001)
+    values, indices = official.sparsify(x, 0.001, random.randint(0, stride - 1))
+    grad = _GRADS.setdefault(x.numel(), torch.empty(x.numel()))  # the code's reused gradient
+    return (values, indices), lambda: official.decompress(values, indices, grad)
+
+
+_GRADS: dict[int, torch.Tensor] = {}
+PEERS = {"topk": grace_topk, "qsgd": grace_qsgd, "terngrad": grace_terngrad, "dgc": official_dgc}
+PEER_NAMES = {"topk": "GRACE", "qsgd": "GRACE", "terngrad": "GRACE", "dgc": "DGC's code"}
 
 
 def _time(fn: Callable[[], object]) -> float:
@@ -80,14 +97,19 @@ def measure(name: str, numel: int, repeats: int) -> dict[str, float]:
     compressor = build_compressor(THINWIRE[name][0], **THINWIRE[name][1])
     x = torch.randn(numel, generator=torch.Generator().manual_seed(numel))
     rng = CompressorRNG(0, 0)
+    out = torch.empty(numel)
+    into = type(compressor).decompress_into is not Compressor.decompress_into
     times: dict[str, list[float]] = {k: [] for k in ("ours_c", "ours_d", "grace_c", "grace_d")}
     for _ in range(repeats + 1):  # the first round warms up and is dropped
         start = time.perf_counter()
         payload = compressor.compress(x, rng)
         times["ours_c"].append(time.perf_counter() - start)
-        times["ours_d"].append(_time(lambda p=payload: compressor.decompress(p)))
+        if into:
+            times["ours_d"].append(_time(lambda p=payload: compressor.decompress_into(p, out)))
+        else:
+            times["ours_d"].append(_time(lambda p=payload: compressor.decompress(p)))
         start = time.perf_counter()
-        wire, decompress = GRACE[name](x)
+        wire, decompress = PEERS[name](x)
         times["grace_c"].append(time.perf_counter() - start)
         times["grace_d"].append(_time(decompress))
     med = {k: statistics.median(v[1:]) for k, v in times.items()}
@@ -102,23 +124,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--compressors", nargs="+", choices=list(THINWIRE), default=list(THINWIRE))
     args = parser.parse_args()
     lines = [
-        "# Per call: thinwire's compressors against GRACE's algorithms (plain torch, this machine)",
+        "# Per call: thinwire's compressors against their peers' code (plain torch, this machine)",
         "",
         f"`{' '.join(['python', *sys.argv])}` at git {git_sha()}, {now_iso()}; the script's docstring says how.",
-        "Median ms of one call; ratio thinwire / GRACE (below 1: thinwire faster); Mbit on the wire.",
+        "Median ms of one call; ratio thinwire / peer (below 1: thinwire faster); Mbit on the wire.",
+        "Peers: GRACE's algorithms for top-k, QSGD and TernGrad; DGC's official code for DGC.",
         "",
-        "| compressor | entries | threads | compress ms (ours / GRACE) | ratio | decompress ms (ours / GRACE) | ratio | Mbit (ours / GRACE) |",
-        "|---|---:|---:|---|---:|---|---:|---|",
+        "| compressor | peer | entries | threads | compress ms (ours / peer) | ratio | decompress ms (ours / peer) | ratio | Mbit (ours / peer) |",
+        "|---|---|---:|---:|---|---:|---|---:|---|",
     ]
     for threads in (1, 2):
         torch.set_num_threads(threads)
-        for name in THINWIRE:
+        for name in args.compressors:
             for numel in SIZES:
                 r = measure(name, numel, args.repeats if numel < 10**7 else max(3, args.repeats // 3))
                 row = (
-                    f"| {name} | {numel:.0e} | {threads} | {r['ours_c'] * 1e3:.2f} / {r['grace_c'] * 1e3:.2f} | "
+                    f"| {name} | {PEER_NAMES[name]} | {numel:.0e} | {threads} | {r['ours_c'] * 1e3:.2f} / {r['grace_c'] * 1e3:.2f} | "
                     f"{r['ours_c'] / r['grace_c']:.2f} | {r['ours_d'] * 1e3:.2f} / {r['grace_d'] * 1e3:.2f} | "
                     f"{r['ours_d'] / r['grace_d']:.2f} | {r['ours_bits'] / 1e6:.3f} / {r['grace_bits'] / 1e6:.3f} |"
                 )

@@ -382,13 +382,13 @@ class GradientSync:
         residual."""
         world = get_world_size(self.group)
         with self.stats.phase("decompress", step.flat.device):
+            # The summed payload (or every rank's) decompressed straight into the input
+            # (reduce_flat may overwrite it), which the residual update does not read
+            # (``compensated`` and ``sent`` are their own tensors): no fresh dense tensor per call.
             if gathered is None:
-                # The summed payload decompressed straight into the input (reduce_flat may
-                # overwrite it), which the residual update does not read (``compensated`` and
-                # ``sent`` are their own tensors): no fresh dense tensor per call.
                 total = self.compressor.decompress_into(step.payload, step.flat)
             else:
-                total = self.compressor.aggregate(gathered)
+                total = self.compressor.aggregate_into(gathered, step.flat)
             # In place: ``total`` is the input, the summed wire buffer or a fresh decompression,
             # never a tensor the residual update still reads (those were copied before the
             # all-reduce). Saves a bucket-sized allocation and pass (~25% of a 2 MiB bucket's sync

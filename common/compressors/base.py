@@ -204,10 +204,56 @@ class Compressor(ABC):
             total += self.decompress(payload)
         return total
 
+    def aggregate_into(self, payloads: Sequence[Payload], out: Tensor) -> Tensor:
+        """:meth:`aggregate` written into ``out`` (``decompress_into``'s contract; GradientSync's
+        all-gather route passes the bucket it was handed). The default sums, then copies (so a
+        wire that aliases ``out`` is read first); sparse payloads scatter straight in."""
+        check_out(payloads[0], out)
+        out.copy_(self.aggregate(payloads).reshape(out.shape))
+        return out
+
     def __repr__(self) -> str:
         params = [p for p in inspect.signature(type(self).__init__).parameters if p != "self"]
         fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in params if hasattr(self, k))
         return f"{type(self).__name__}({fields})"
+
+
+class SparseCompressor(Compressor):
+    """A compressor whose payload is ``{"values", "indices"}`` (flat positions, no repeats within
+    one payload): top-k, DGC. Decoding scatters into zeros; into a reused buffer with
+    ``decompress_into`` / ``aggregate_into`` (at 10^7 entries a fresh zeroed tensor, first touched
+    by the scatter, cost 5x the official DGC code's zeroing of its reused gradient, measured)."""
+
+    def decompress(self, payload: Payload) -> Tensor:
+        return self.aggregate([payload])
+
+    def decompress_into(self, payload: Payload, out: Tensor) -> Tensor:
+        """Zero ``out`` and scatter the values in (a reused buffer: no allocation)."""
+        check_out(payload, out)
+        values = payload.wire["values"]
+        out.view(-1).zero_().index_copy_(0, payload.wire["indices"].long(), values.to(out.dtype))
+        return out
+
+    def aggregate(self, payloads: Sequence[Payload]) -> Tensor:
+        """Scatter-add every rank's (values, indices): the sum of the decompressions."""
+        first = payloads[0]
+        out = torch.zeros(first.numel, dtype=first.dtype, device=first.wire["values"].device)
+        return self._scatter_add(payloads, out).reshape(first.shape)
+
+    def aggregate_into(self, payloads: Sequence[Payload], out: Tensor) -> Tensor:
+        """Zero ``out`` and scatter-add every rank's values in. The sum runs in the payloads'
+        dtype as :meth:`aggregate`'s does: another ``out`` dtype takes the default route."""
+        check_out(payloads[0], out)
+        if out.dtype != payloads[0].dtype or not out.is_contiguous():
+            return super().aggregate_into(payloads, out)
+        self._scatter_add(payloads, out.view(-1).zero_())
+        return out
+
+    @staticmethod
+    def _scatter_add(payloads: Sequence[Payload], out_N: Tensor) -> Tensor:
+        for payload in payloads:
+            out_N.index_add_(0, payload.wire["indices"].long(), payload.wire["values"].to(out_N.dtype))
+        return out_N
 
 
 def check_out(payload: Payload, out: Tensor) -> None:

@@ -59,9 +59,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from kernels._dispatch import use_triton
 from kernels.threshold_select import estimate_threshold, threshold_select
 
-from .base import Compressor, CompressorRNG, Payload, check_density, index_dtype, num_kept
+from .base import CompressorRNG, Payload, SparseCompressor, check_density, index_dtype, num_kept
 
 #: The paper's warm-up densities for the first five epochs (75 % -> 99.9 % sparsity, "exponentially
 #: increasing"); the code's README writes them rounded as [0.25, 0.063, 0.015, 0.004, 0.001].
@@ -105,7 +106,7 @@ def warmup_density(epoch: int, final: float, schedule: Sequence[float] | None = 
     return final
 
 
-class DGC(Compressor):
+class DGC(SparseCompressor):
     """DGC's sampled-threshold sparsifier (Lin et al., ICLR 2018; code ``DGCCompressor._sparsify``).
 
     Options (the code's names in brackets): ``density`` [compress_ratio] in (0, 1];
@@ -218,27 +219,67 @@ class DGC(Compressor):
     def _adapt(
         self, x_N: Tensor, threshold: Tensor, k: int, whole: bool
     ) -> tuple[Tensor, tuple[Tensor, Tensor, int], str, int]:
-        """The code's adaptation loop: ``(threshold, (values_C, indices_C, count), branch, rounds)``.
+        """The code's adaptation loop: ``(threshold, (values_C, indices_C, count), branch, rounds)``,
+        ``values_C`` / ``indices_C`` every entry with ``|x| >= threshold``, in position order.
 
-        The buffers have ``upper_bound * k`` slots: they hold every selected entry whenever the count
-        is within bounds, so the usual case is one pass over x.
+        As the code: ``|x|`` once (in fp32), then one comparison per round. Unlike it, a round
+        counts the selection (``count_nonzero``) instead of listing it (``nonzero``), and the
+        list is made once, from the last round's mask: the same selection, fewer passes. On CUDA
+        with Triton the fused ``kernels.threshold_select`` takes the place of each round (no |x| or
+        mask in memory; buffers of ``upper_bound * k`` slots, read again only on overflow).
         """
+        if use_triton("auto", x_N.device):
+            return self._adapt_fused(x_N, threshold, k, whole)
+        importance_N = x_N.to(torch.float32).abs()
+
+        def count(threshold: Tensor) -> tuple[Tensor, int]:
+            mask_N = importance_N >= threshold
+            return mask_N, int(torch.count_nonzero(mask_N))  # a host sync, as the code's nonzero()
+
+        def listed(mask_N: Tensor, count: int) -> tuple[Tensor, Tensor, int]:
+            indices_C = torch.nonzero(mask_N).view(-1)
+            return x_N[indices_C], indices_C.to(torch.int32), count
+
+        mask_N, selected = count(threshold)
+        if whole:
+            return threshold, listed(mask_N, selected), "exact", 0
+        for iterations in range(self.max_adaptation_iters):
+            if selected > self.upper_bound * k and self.resample:
+                return threshold, listed(mask_N, selected), "hierarchical_topk", iterations
+            if selected > self.upper_bound * k:
+                threshold = threshold * self.upper_bound
+            elif selected < self.lower_bound * k:
+                threshold = threshold * self.lower_bound
+            else:
+                return threshold, listed(mask_N, selected), "within_bounds", iterations
+            mask_N, selected = count(threshold)
+        within = self.lower_bound * k <= selected <= self.upper_bound * k
+        branch = "within_bounds" if within else "max_iterations"
+        return threshold, listed(mask_N, selected), branch, self.max_adaptation_iters
+
+    def _adapt_fused(
+        self, x_N: Tensor, threshold: Tensor, k: int, whole: bool
+    ) -> tuple[Tensor, tuple[Tensor, Tensor, int], str, int]:
+        """:meth:`_adapt` through the fused kernel (CUDA): the same rounds and branches."""
         capacity = max(k, math.floor(self.upper_bound * k))
 
         def select(threshold: Tensor) -> tuple[Tensor, Tensor, int]:
             values_C, indices_C, count = threshold_select(x_N, threshold, capacity)
-            return values_C, indices_C, int(count)  # a host sync, as the code's nonzero()
+            count_ = int(count)  # a host sync, as the code's nonzero()
+            if count_ > capacity:  # the buffer holds only part of the selection: take all of it
+                values_C, indices_C, _ = threshold_select(x_N, threshold, count_)
+            return values_C[:count_], indices_C[:count_], count_
 
         selection = select(threshold)
         if whole:
             return threshold, selection, "exact", 0
         for iterations in range(self.max_adaptation_iters):
-            count = selection[2]
-            if count > self.upper_bound * k and self.resample:
+            selected = selection[2]
+            if selected > self.upper_bound * k and self.resample:
                 return threshold, selection, "hierarchical_topk", iterations
-            if count > self.upper_bound * k:
+            if selected > self.upper_bound * k:
                 threshold = threshold * self.upper_bound
-            elif count < self.lower_bound * k:
+            elif selected < self.lower_bound * k:
                 threshold = threshold * self.lower_bound
             else:
                 return threshold, selection, "within_bounds", iterations
@@ -253,9 +294,6 @@ class DGC(Compressor):
         """At most k of the selected entries: the largest (fallback, or ``truncation="magnitude"``)
         or those of lowest position (the code's ``indices[:num_selects]``)."""
         values_C, indices_C, count = selection
-        if count > values_C.numel():  # the buffer holds only part of the selection: take all of it
-            values_C, indices_C, _ = threshold_select(x_N, threshold, count)
-        values_C, indices_C = values_C[:count], indices_C[:count]
         if count <= k:
             return values_C, indices_C
         if branch == "hierarchical_topk" or self.truncation == "magnitude":
@@ -263,14 +301,3 @@ class DGC(Compressor):
         else:  # sorted explicitly: the Triton kernel's buffer is not in position order
             keep_K = torch.argsort(indices_C)[:k]
         return values_C[keep_K], indices_C[keep_K]
-
-    def decompress(self, payload: Payload) -> Tensor:
-        return self.aggregate([payload])
-
-    def aggregate(self, payloads: Sequence[Payload]) -> Tensor:
-        """Scatter-add every rank's (values, indices): the sum of the decompressions."""
-        first = payloads[0]
-        out = torch.zeros(first.numel, dtype=first.dtype, device=first.wire["values"].device)
-        for payload in payloads:
-            out.index_add_(0, payload.wire["indices"].long(), payload.wire["values"].to(first.dtype))
-        return out.reshape(first.shape)

@@ -19,12 +19,11 @@ top-k 1 % and error feedback through the hook went from 1.99x to 1.47x a step wi
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
-from .base import Compressor, CompressorRNG, Payload, check_density, check_out, index_dtype, num_kept
+from .base import CompressorRNG, Payload, SparseCompressor, check_density, index_dtype, num_kept
 
 # Below this many entries, or when K is over a quarter of them, one top-k over everything is as cheap.
 SAMPLED_MIN_NUMEL = 1 << 15
@@ -52,7 +51,7 @@ def topk_indices(abs_N: Tensor, k: int) -> Tensor:
     return candidates_C[torch.topk(abs_N[candidates_C], k, sorted=False).indices]
 
 
-class TopK(Compressor):
+class TopK(SparseCompressor):
     """Top-k by magnitude (Aji & Heafield 2017; the selection DGC, Lin et al. 2018, builds on).
 
     Biased (use with error feedback), not linear (each rank picks different indices: all-gather),
@@ -78,21 +77,3 @@ class TopK(Compressor):
             shape=x.shape,
             dtype=x.dtype,
         )
-
-    def decompress(self, payload: Payload) -> Tensor:
-        return self.aggregate([payload])
-
-    def decompress_into(self, payload: Payload, out: Tensor) -> Tensor:
-        """Zero ``out`` and scatter the values in (a reused buffer: no allocation)."""
-        check_out(payload, out)
-        values = payload.wire["values"]
-        out.view(-1).zero_().index_copy_(0, payload.wire["indices"].long(), values.to(out.dtype))
-        return out
-
-    def aggregate(self, payloads: Sequence[Payload]) -> Tensor:
-        first = payloads[0]
-        values = first.wire["values"]
-        out = torch.zeros(first.numel, dtype=first.dtype, device=values.device)
-        for payload in payloads:
-            out.index_add_(0, payload.wire["indices"].long(), payload.wire["values"].to(first.dtype))
-        return out.reshape(first.shape)

@@ -50,8 +50,14 @@ class _CountingSparsifier(Compressor):
     def decompress(self, payload: Payload) -> Tensor:
         return self.inner.decompress(payload)
 
+    def decompress_into(self, payload: Payload, out: Tensor) -> Tensor:
+        return self.inner.decompress_into(payload, out)
+
     def aggregate(self, payloads: Sequence[Payload]) -> Tensor:
         return self.inner.aggregate(payloads)
+
+    def aggregate_into(self, payloads: Sequence[Payload], out: Tensor) -> Tensor:
+        return self.inner.aggregate_into(payloads, out)
 
 
 @dataclass(frozen=True)

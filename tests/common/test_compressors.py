@@ -82,6 +82,23 @@ def test_decompress_into_a_dirty_buffer_equals_decompress(case, numel):
     assert torch.equal(out, expected.reshape(-1))
 
 
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+def test_aggregate_into_a_dirty_buffer_equals_aggregate(case):
+    """Three ranks' payloads summed into a reused buffer (GradientSync's all-gather route):
+    the same sum as ``aggregate``, in the payloads' dtype or cast to another ``out`` dtype."""
+    name, opts = case
+    comp = build_compressor(name, **opts)
+    payloads = [
+        comp.compress(torch.randn(4097, generator=torch.Generator().manual_seed(r)), CompressorRNG(1, r))
+        for r in range(3)
+    ]
+    expected = comp.aggregate(payloads).reshape(-1).clone()
+    for dtype in (torch.float32, torch.float64):
+        out = torch.full((4097,), float("nan"), dtype=dtype)
+        assert comp.aggregate_into(payloads, out) is out
+        assert torch.equal(out, expected.to(dtype))
+
+
 def test_decompress_into_a_buffer_of_the_wrong_size_is_rejected():
     comp = build_compressor("random_block", density=0.25)
     payload = comp.compress(torch.randn(3, 4), CompressorRNG(seed=1, rank=0))

@@ -13,6 +13,7 @@ from common.compressors import DGC, CompressorRNG, build_compressor
 from common.compressors.dgc import PAPER_WARMUP, warmup_density
 from common.feedback import ErrorFeedback, MomentumCorrection
 from tests.distributed import run_ranks
+from tests.helpers import official_dgc
 
 # A 100 000-entry tensor at density 0.01: k = 1000; the strided sample has 1030 entries at stride 97
 # and its threshold is the 11th largest sampled magnitude.
@@ -331,3 +332,60 @@ def test_gradient_sync_on_two_ranks_equals_each_ranks_own_selections(tmp_path):
         assert res["bits"]["all_gather"] == 64 * sum(padded)
     for a, b in zip(results[0]["synced"][-1], results[1]["synced"][-1], strict=True):
         assert torch.equal(a, b)  # every rank ends with the same average
+
+
+def _official_start(rng: CompressorRNG, stride: int) -> int:
+    """The strided sample's start our compressor draws from ``rng.local`` (without using it up)."""
+    local = torch.Generator()
+    local.set_state(rng.local.get_state())
+    return int(torch.randint(stride, (1,), generator=local))
+
+
+@pytest.mark.parametrize("resample", [True, False])
+@pytest.mark.parametrize("case", ["normal", "heavy", "two_levels", "ties"])
+def test_position_truncation_equals_the_official_sparsify(case, resample):
+    """The code's ``_sparsify`` (tests/helpers/official_dgc.py) given our sample's start: the same
+    entries in the same order, every branch (the cases reach the hierarchical top-k, the rounds
+    up and down, and in-bounds ends)."""
+    gen = torch.Generator().manual_seed(3)
+    x = {
+        "normal": lambda: torch.randn(N, generator=gen),
+        "heavy": lambda: torch.randn(N, generator=gen) ** 5,
+        "two_levels": _two_levels,
+        "ties": lambda: torch.randint(-3, 4, (N,), generator=gen).float(),
+    }[case]()
+    comp = DGC(DENSITY, truncation="position", resample=resample)
+    num_samples, stride = comp.sample_plan(N)
+    branches = set()
+    for seed in range(6):
+        rng = CompressorRNG(seed, 0)
+        start = _official_start(rng, stride)
+        values, indices = official_dgc.sparsify(x, DENSITY, start, resample=resample)
+        payload = comp.compress(x, rng)
+        branches.add(comp.last_selection["branch"])
+        if comp.last_selection["branch"] == "hierarchical_topk":  # top-k order: compare as sets
+            order = payload.wire["indices"].long().argsort()
+            assert torch.equal(payload.wire["indices"].long()[order], indices.sort().values)
+            assert torch.equal(payload.wire["values"][order], x[indices.sort().values])
+        else:
+            assert torch.equal(payload.wire["indices"].long(), indices)
+            assert torch.equal(payload.wire["values"], values)
+        grad = torch.empty(N)
+        assert torch.equal(comp.decompress(payload), official_dgc.decompress(values, indices, grad))
+    assert branches <= {"within_bounds", "hierarchical_topk", "max_iterations"}
+
+
+def test_the_fused_rounds_select_what_the_mask_rounds_select():
+    """``_adapt_fused`` (the CUDA path: kernels.threshold_select into buffers, here its reference)
+    gives the same threshold, selection, branch and rounds as the mask path on CPU, overflow
+    included (the two-level tensor selects 1900 > 1.3 k)."""
+    gen = torch.Generator().manual_seed(5)
+    for x in (torch.randn(N, generator=gen), _two_levels(), torch.randn(N, generator=gen) ** 5):
+        for resample in (True, False):
+            comp = DGC(DENSITY, resample=resample)
+            threshold = torch.tensor(float(x.abs().kthvalue(N - 700).values))
+            for start in (threshold, threshold * 3, threshold / 3):
+                a = comp._adapt(x, start, K, False)
+                b = comp._adapt_fused(x, start, K, False)
+                assert torch.equal(a[0], b[0]) and a[2:] == b[2:]
+                assert torch.equal(a[1][0], b[1][0]) and torch.equal(a[1][1], b[1][1]) and a[1][2] == b[1][2]
