@@ -53,7 +53,7 @@ Legend: ``_N`` the tensor, ``_S`` the sample, ``_C`` every selected entry, ``_K`
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -69,6 +69,11 @@ from .base import CompressorRNG, Payload, SparseCompressor, check_density, index
 PAPER_WARMUP: tuple[float, ...] = (0.25, 0.0625, 0.015625, 0.00390625, 0.001)
 
 TRUNCATIONS = ("magnitude", "position")
+
+#: ``(values_C, indices_C, count)``: the entries a round selected, and how many.
+Selection = tuple[Tensor, Tensor, int]
+#: A round's selection at a threshold, and the kept round's made ready to send.
+Rounds = tuple[Callable[[Tensor], Selection], Callable[[Selection], Selection]]
 
 #: Values of ``DGC.last_selection["branch"]``.
 BRANCHES = ("exact", "within_bounds", "hierarchical_topk", "max_iterations")
@@ -184,8 +189,8 @@ class DGC(SparseCompressor):
         if num_samples < numel and not self.strided_sample:
             return estimate_threshold(x_N, self.density, sample_size=num_samples, generator=rng.local)
         if num_samples < numel:
-            start = torch.randint(stride, (1,), generator=rng.local, device=x_N.device)
-            sample_S = x_N[start + stride * torch.arange(num_samples, device=x_N.device)]
+            start = int(torch.randint(stride, (1,), generator=rng.local, device=x_N.device))
+            sample_S = x_N[start : start + stride * num_samples : stride]
         else:
             sample_S = x_N
         top = num_kept(num_samples, self.density)
@@ -217,79 +222,68 @@ class DGC(SparseCompressor):
         )
 
     def _adapt(
-        self, x_N: Tensor, threshold: Tensor, k: int, whole: bool
-    ) -> tuple[Tensor, tuple[Tensor, Tensor, int], str, int]:
+        self, x_N: Tensor, threshold: Tensor, k: int, whole: bool, fused: bool | None = None
+    ) -> tuple[Tensor, Selection, str, int]:
         """The code's adaptation loop: ``(threshold, (values_C, indices_C, count), branch, rounds)``,
-        ``values_C`` / ``indices_C`` every entry with ``|x| >= threshold``, in position order.
+        ``values_C`` / ``indices_C`` every entry with ``|x| >= threshold``.
 
-        As the code: ``|x|`` once (in fp32), then one comparison per round. Unlike it, a round
-        counts the selection (``count_nonzero``) instead of listing it (``nonzero``), and the
-        list is made once, from the last round's mask: the same selection, fewer passes. On CUDA
-        with Triton the fused ``kernels.threshold_select`` takes the place of each round (no |x| or
-        mask in memory; buffers of ``upper_bound * k`` slots, read again only on overflow).
+        As the code: ``|x|`` once (in fp32), then a comparison and a ``nonzero`` per round, the
+        values listed once at the end (position order). ``fused`` (default: on CUDA with Triton):
+        ``kernels.threshold_select`` takes the place of each round instead (no |x| or mask in
+        memory; buffers of ``upper_bound * k`` slots, read again only on overflow).
         """
-        if use_triton("auto", x_N.device):
-            return self._adapt_fused(x_N, threshold, k, whole)
-        importance_N = x_N.to(torch.float32).abs()
-
-        def count(threshold: Tensor) -> tuple[Tensor, int]:
-            mask_N = importance_N >= threshold
-            return mask_N, int(torch.count_nonzero(mask_N))  # a host sync, as the code's nonzero()
-
-        def listed(mask_N: Tensor, count: int) -> tuple[Tensor, Tensor, int]:
-            indices_C = torch.nonzero(mask_N).view(-1)
-            return x_N[indices_C], indices_C.to(torch.int32), count
-
-        mask_N, selected = count(threshold)
-        if whole:
-            return threshold, listed(mask_N, selected), "exact", 0
-        for iterations in range(self.max_adaptation_iters):
-            if selected > self.upper_bound * k and self.resample:
-                return threshold, listed(mask_N, selected), "hierarchical_topk", iterations
-            if selected > self.upper_bound * k:
-                threshold = threshold * self.upper_bound
-            elif selected < self.lower_bound * k:
-                threshold = threshold * self.lower_bound
-            else:
-                return threshold, listed(mask_N, selected), "within_bounds", iterations
-            mask_N, selected = count(threshold)
-        within = self.lower_bound * k <= selected <= self.upper_bound * k
-        branch = "within_bounds" if within else "max_iterations"
-        return threshold, listed(mask_N, selected), branch, self.max_adaptation_iters
-
-    def _adapt_fused(
-        self, x_N: Tensor, threshold: Tensor, k: int, whole: bool
-    ) -> tuple[Tensor, tuple[Tensor, Tensor, int], str, int]:
-        """:meth:`_adapt` through the fused kernel (CUDA): the same rounds and branches."""
-        capacity = max(k, math.floor(self.upper_bound * k))
-
-        def select(threshold: Tensor) -> tuple[Tensor, Tensor, int]:
-            values_C, indices_C, count = threshold_select(x_N, threshold, capacity)
-            count_ = int(count)  # a host sync, as the code's nonzero()
-            if count_ > capacity:  # the buffer holds only part of the selection: take all of it
-                values_C, indices_C, _ = threshold_select(x_N, threshold, count_)
-            return values_C[:count_], indices_C[:count_], count_
-
+        fused = use_triton("auto", x_N.device) if fused is None else fused
+        select, listed = self._fused_rounds(x_N, k) if fused else self._mask_rounds(x_N)
         selection = select(threshold)
         if whole:
-            return threshold, selection, "exact", 0
+            return threshold, listed(selection), "exact", 0
         for iterations in range(self.max_adaptation_iters):
             selected = selection[2]
             if selected > self.upper_bound * k and self.resample:
-                return threshold, selection, "hierarchical_topk", iterations
+                return threshold, listed(selection), "hierarchical_topk", iterations
             if selected > self.upper_bound * k:
                 threshold = threshold * self.upper_bound
             elif selected < self.lower_bound * k:
                 threshold = threshold * self.lower_bound
             else:
-                return threshold, selection, "within_bounds", iterations
+                return threshold, listed(selection), "within_bounds", iterations
             selection = select(threshold)
         within = self.lower_bound * k <= selection[2] <= self.upper_bound * k
         branch = "within_bounds" if within else "max_iterations"
-        return threshold, selection, branch, self.max_adaptation_iters
+        return threshold, listed(selection), branch, self.max_adaptation_iters
+
+    @staticmethod
+    def _mask_rounds(x_N: Tensor) -> Rounds:
+        """A round: ``nonzero(|x| >= threshold)`` (a host sync, as the code's); the values are read
+        only for the selection that is kept."""
+        importance_N = x_N.to(torch.float32).abs()
+
+        def select(threshold: Tensor) -> Selection:
+            indices_C = torch.nonzero(importance_N >= threshold).view(-1)
+            return indices_C, indices_C, indices_C.numel()
+
+        def listed(selection: Selection) -> Selection:
+            indices_C = selection[0]
+            return x_N[indices_C], indices_C.to(torch.int32), selection[2]
+
+        return select, listed
+
+    def _fused_rounds(self, x_N: Tensor, k: int) -> Rounds:
+        """A round: the fused kernel into buffers of ``upper_bound * k`` slots; on overflow the
+        selection is taken again whole."""
+        capacity = max(k, math.floor(self.upper_bound * k))
+
+        def select(threshold: Tensor) -> Selection:
+            values_C, indices_C, count = threshold_select(x_N, threshold, capacity)
+            count_ = int(count)  # a host sync, as the code's nonzero()
+            if count_ > capacity:
+                values_C, indices_C, _ = threshold_select(x_N, threshold, count_)
+            return values_C[:count_], indices_C[:count_], count_
+
+        return select, lambda selection: selection
 
     def _truncate(
-        self, x_N: Tensor, threshold: Tensor, selection: tuple[Tensor, Tensor, int], k: int, branch: str
+        self, x_N: Tensor, threshold: Tensor, selection: Selection, k: int, branch: str
     ) -> tuple[Tensor, Tensor]:
         """At most k of the selected entries: the largest (fallback, or ``truncation="magnitude"``)
         or those of lowest position (the code's ``indices[:num_selects]``)."""

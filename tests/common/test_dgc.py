@@ -355,7 +355,7 @@ def test_position_truncation_equals_the_official_sparsify(case, resample):
         "ties": lambda: torch.randint(-3, 4, (N,), generator=gen).float(),
     }[case]()
     comp = DGC(DENSITY, truncation="position", resample=resample)
-    num_samples, stride = comp.sample_plan(N)
+    _, stride = comp.sample_plan(N)
     branches = set()
     for seed in range(6):
         rng = CompressorRNG(seed, 0)
@@ -376,7 +376,7 @@ def test_position_truncation_equals_the_official_sparsify(case, resample):
 
 
 def test_the_fused_rounds_select_what_the_mask_rounds_select():
-    """``_adapt_fused`` (the CUDA path: kernels.threshold_select into buffers, here its reference)
+    """``_adapt(fused=True)`` (the CUDA path: kernels.threshold_select into buffers, here its reference)
     gives the same threshold, selection, branch and rounds as the mask path on CPU, overflow
     included (the two-level tensor selects 1900 > 1.3 k)."""
     gen = torch.Generator().manual_seed(5)
@@ -385,7 +385,7 @@ def test_the_fused_rounds_select_what_the_mask_rounds_select():
             comp = DGC(DENSITY, resample=resample)
             threshold = torch.tensor(float(x.abs().kthvalue(N - 700).values))
             for start in (threshold, threshold * 3, threshold / 3):
-                a = comp._adapt(x, start, K, False)
-                b = comp._adapt_fused(x, start, K, False)
+                a = comp._adapt(x, start, K, False, fused=False)
+                b = comp._adapt(x, start, K, False, fused=True)
                 assert torch.equal(a[0], b[0]) and a[2:] == b[2:]
                 assert torch.equal(a[1][0], b[1][0]) and torch.equal(a[1][1], b[1][1]) and a[1][2] == b[1][2]
