@@ -95,7 +95,7 @@ class InPlaceMeanSync(GradientSync):
         return mean
 
     def sync(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        for bucket in self._buckets(list(named_tensors)):
+        for bucket in self.buckets(list(named_tensors)):
             tensors = [t for _, t in bucket]
             sizes = [t.numel() for t in tensors]
             flat = (

@@ -90,22 +90,20 @@ def install_ddp_hook(
 
 
 def method_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP comm hook of a method that reduces a bucket itself (``state.reduce_bucket(names, flat,
-    sizes)``, e.g. DGC's per-tensor routes; ``state.param_names``: id -> name); counts the step at
-    the last bucket in ``state.stats``."""
+    """DDP comm hook of a method that reduces a bucket itself (``state.reduce_bucket_async(names,
+    flat, sizes)``, a future of the mean, e.g. DGC's per-tensor routes; ``state.param_names``:
+    id -> name); counts the step at the last bucket in ``state.stats``."""
     params = bucket.parameters()
     names = [state.param_names[id(p)] for p in params]
     buffer = bucket.buffer()
-    mean = state.reduce_bucket(names, buffer, [p.numel() for p in params])
+    mean = state.reduce_bucket_async(names, buffer, [p.numel() for p in params])
     if bucket.is_last():
         state.stats.steps += 1
-    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    future.set_result(mean.view_as(buffer))
-    return future
+    return mean.then(lambda done: done.value().view_as(buffer))
 
 
 def install_method_hook(model: DistributedDataParallel, method: Any) -> None:
-    """Register ``method`` (a strategy with ``reduce_bucket``) as ``model``'s comm hook."""
+    """Register ``method`` (a strategy with ``reduce_bucket_async``) as ``model``'s comm hook."""
     _require_ddp(model, "a method's hook", "strategy.optimizer(model, ...)")
     model.register_comm_hook(method, method_hook)
 

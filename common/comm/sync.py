@@ -194,7 +194,7 @@ class GradientSync:
         self._check_fp32_layers([name for name, _ in named])
         if self.compressor.needs.low_rank:
             self.shapes.update((name, t.shape) for name, t in named)
-        for bucket in self._buckets(named):
+        for bucket in self.buckets(named):
             names = [name for name, _ in bucket]
             tensors = [t for _, t in bucket]
             sizes = [t.numel() for t in tensors]
@@ -212,7 +212,9 @@ class GradientSync:
         """Average the gradients of ``module``'s parameters (those that have one)."""
         self.sync((name, p.grad) for name, p in module.named_parameters() if p.grad is not None)
 
-    def _buckets(self, named: list[tuple[str, Tensor]]) -> list[list[tuple[str, Tensor]]]:
+    def buckets(self, named: list[tuple[str, Tensor]]) -> list[list[tuple[str, Tensor]]]:
+        """How :meth:`sync` groups ``named`` for one :meth:`reduce_flat` each: consecutive tensors
+        of one dtype and device up to ``bucket_numel`` entries, or each on its own (``None``)."""
         if self.bucket_numel is None:
             return [[item] for item in named]
         buckets: list[list[tuple[str, Tensor]]] = []

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import Tensor, nn
+from torch.futures import Future
 from torch.nn.parallel import DistributedDataParallel
 
 from ..comm.collectives import get_world_size
@@ -278,16 +279,32 @@ class DGCDataParallel(SyncStrategy):
             self.param_groups(module), lr=lr, momentum=self.momentum, weight_decay=self.weight_decay, **kwargs
         )
 
-    def reduce_bucket(self, names: Sequence[str], flat: Tensor, sizes: Sequence[int]) -> Tensor:
-        """The mean of one DDP bucket: its sparsified tensors through the sparse sync, the rest
-        densely, each tensor on its own (the hook's work)."""
+    def reduce_bucket_async(self, names: Sequence[str], flat: Tensor, sizes: Sequence[int]) -> Future[Tensor]:
+        """The mean of one DDP bucket, as a future (the hook's work): its sparsified tensors
+        through the sparse sync (their all-gather in the background, so that it overlaps the rest
+        of the backward pass), the rest densely, then written back into ``flat``. Compression and
+        momentum correction run now; decompression when the collectives complete."""
         parts = list(flat.split(list(sizes)))
+        pending: list[tuple[Future[Tensor], list[Tensor], list[int]]] = []
         for route, sync in ((True, self.sparse), (False, self.dense)):
-            chosen = [i for i, n in enumerate(names) if (n in self._sparse_names) == route]
-            if not chosen:
-                continue
-            sync.sync([(names[i], parts[i]) for i in chosen], count_step=False)
-        return flat
+            chosen = [
+                (names[i], parts[i]) for i in range(len(names)) if (names[i] in self._sparse_names) == route
+            ]
+            for bucket in sync.buckets(chosen) if chosen else []:
+                tensors = [t for _, t in bucket]
+                bucket_sizes = [t.numel() for t in tensors]
+                bucket_flat = tensors[0] if len(tensors) == 1 else torch.cat(tensors)
+                future = sync.reduce_flat_async([n for n, _ in bucket], bucket_flat, bucket_sizes)
+                pending.append((future, tensors, bucket_sizes))
+
+        def written_back(_: Future[list[Future[Tensor]]]) -> Tensor:
+            for future, tensors, bucket_sizes in pending:
+                for t, part in zip(tensors, future.value().split(bucket_sizes), strict=True):
+                    if part.data_ptr() != t.data_ptr():
+                        t.copy_(part)
+            return flat
+
+        return torch.futures.collect_all([future for future, _, _ in pending]).then(written_back)
 
     def metrics(self) -> dict[str, float]:
         """The density this rank actually sent (entries sent / entries of the sparsified tensors)

@@ -65,3 +65,32 @@ def test_dgc_through_the_hook_equals_the_thinwire_loop(tmp_path, options):
             torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
         assert r["bits"][0] == r["bits"][1] > 0 and r["steps"] == (STEPS, STEPS)
         assert r["metrics"][0] == pytest.approx(r["metrics"][1])
+
+
+def _bucket_in_background(rank: int, world: int) -> dict:
+    """The hook's work on one bucket (two sparsified matrices, a bias between them), rank 1 late:
+    rank 0's future is pending when returned, and the mean it ends with is the loop's."""
+    import time
+
+    model = _model()
+    names = [n for n, _ in model.named_parameters()][:3]  # weight, bias, weight
+    sizes = [p.numel() for _, p in list(model.named_parameters())[:3]]
+    flat = torch.randn(sum(sizes), generator=torch.Generator().manual_seed(rank))
+    loop, hook = _strategy({}), _strategy({})
+    for strategy in (loop, hook):
+        strategy._sparse_names = {n for n, _ in strategy._split(model)[0]}
+        strategy.sparse.bucket_numel = strategy.dense.bucket_numel = 10**9  # one bucket per route
+    parts = [t.clone() for t in flat.split(sizes)]
+    loop.sparse.sync([(names[0], parts[0]), (names[2], parts[2])], count_step=False)
+    loop.dense.sync([(names[1], parts[1])])
+    if rank == 1:
+        time.sleep(1.0)
+    future = hook.reduce_bucket_async(names, flat.clone(), sizes)
+    pending = not future.done()
+    return {"pending": pending, "equal": torch.equal(future.wait(), torch.cat(parts))}
+
+
+def test_the_hook_gathers_in_the_background_and_equals_the_loop(tmp_path):
+    results = run_ranks(_bucket_in_background, 2, tmp_path=tmp_path)
+    assert results[0]["pending"]
+    assert all(r["equal"] for r in results)
