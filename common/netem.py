@@ -20,6 +20,13 @@ gloo is pointed at the veth with ``GLOO_SOCKET_IFNAME=tw0`` and ``MASTER_ADDR`` 
 :meth:`VirtualNetwork.close` removes exactly what this process made (deleting a namespace deletes
 its veth ends and qdiscs), and :func:`remove_stale` removes only networks whose creator is dead and in which nothing runs.
 
+Several hosts (:func:`run_hosts`): a namespace is then a *host* running G ranks, which talk to each
+other over the namespace's own loopback (optionally shaped to an intra-host rate) and to the other
+hosts over the shaped link; on each host one ``torchrun`` agent starts its ranks and finds the
+others through torchrun's c10d rendezvous on host 0, exactly as on a cluster (no ``--standalone``)::
+
+    host 0 ns (ranks 0..G-1, lo)  ==== switch ns ====  host 1 ns (ranks G..2G-1, lo)  ...
+
 Needs root and iproute2 (``ip``, ``tc``); :func:`check_support` says what is missing and how to fix it.
 """
 
@@ -32,7 +39,8 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Iterator, Mapping, Sequence
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from .costmodel import parse_rate as parse_rate  # re-exported for the launcher
@@ -175,10 +183,15 @@ class LinkShape:
 class VirtualNetwork:
     """``world_size`` namespaces on one shaped switch; a context manager that always cleans up.
 
-    ``rate=None`` builds the same namespaces without shaping (for comparisons).
+    ``rate=None`` builds the same namespaces without shaping (for comparisons). A namespace is one
+    rank (:func:`run_workers`) or one host of several ranks (:func:`run_hosts`); ``intra_rate``
+    shapes each namespace's loopback, which a host's ranks share (default: unshaped, as the fast
+    links inside a machine).
     """
 
-    def __init__(self, world_size: int, rate: str | float | None) -> None:
+    def __init__(
+        self, world_size: int, rate: str | float | None, *, intra_rate: str | float | None = None
+    ) -> None:
         if (
             isinstance(world_size, bool)
             or not isinstance(world_size, int)
@@ -187,6 +200,7 @@ class VirtualNetwork:
             raise ValueError(f"world_size must be an integer in 1..{MAX_RANKS}, got {world_size!r}")
         self.world_size = world_size
         self.shape = LinkShape.for_rate(rate) if rate is not None else None
+        self.intra_shape = LinkShape.for_rate(intra_rate) if intra_rate is not None else None
         tag = f"{_PREFIX}{os.getpid()}n{next(_counter)}"
         self.switch = f"{tag}-sw"
         self.namespaces = [f"{tag}-r{r}" for r in range(world_size)]
@@ -233,6 +247,8 @@ class VirtualNetwork:
                 if self.shape is not None:  # both directions: upload at the rank, download at the switch
                     _run("tc", "-n", ns, "qdisc", "add", "dev", IFNAME, "root", *self.shape.tc_args())
                     _run("tc", "-n", self.switch, "qdisc", "add", "dev", port, "root", *self.shape.tc_args())
+                if self.intra_shape is not None:  # a host's ranks reach each other over its loopback
+                    _run("tc", "-n", ns, "qdisc", "add", "dev", "lo", "root", *self.intra_shape.tc_args())
         except BaseException:
             self.close()
             raise
@@ -276,6 +292,7 @@ class VirtualNetwork:
             "world_size": self.world_size,
             "rate_bps": self.shape.rate_bps if self.shape else None,
             "burst_bytes": self.shape.burst_bytes if self.shape else None,
+            "intra_rate_bps": self.intra_shape.rate_bps if self.intra_shape else None,
             "namespaces": list(self.namespaces),
         }
 
@@ -386,3 +403,132 @@ def run_workers(
         return failed if failed else 1
     finally:
         _stop(processes)
+
+
+def _die_with_launcher() -> None:
+    """In a started agent before it execs: SIGKILL it when this launcher dies (Linux)."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
+def agent_command(
+    network: VirtualNetwork,
+    host: int,
+    ranks_per_host: int,
+    target: Sequence[str],
+    *,
+    rdzv_port: int,
+    rdzv_id: str,
+    max_restarts: int,
+) -> list[str]:
+    """Host ``host``'s torchrun agent, inside its namespace: the per-host command of a cluster
+    (c10d rendezvous on host 0's address; ``is_host`` says which agent serves its store, since a
+    namespace's address is not the machine's hostname), then ``target`` (a script or ``-m
+    module`` and its arguments). The agent's pid is its workers' ``THINWIRE_LAUNCHER_PID``."""
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",  # torchrun, this interpreter's
+        f"--nnodes={network.world_size}",
+        f"--nproc_per_node={ranks_per_host}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={network.address(0)}:{rdzv_port}",
+        f"--rdzv-id={rdzv_id}",
+        f"--rdzv-conf=is_host={'true' if host == 0 else 'false'}",
+        f"--local-addr={network.address(host)}",
+        f"--max-restarts={max_restarts}",
+        *target,
+    ]
+    # `ip netns exec` and the shell exec: the agent keeps the shell's pid ($$)
+    shell = f'export {LAUNCHER_PID_ENV}=$$; exec "$@"'
+    return network.command(host, ["sh", "-c", shell, "sh", *torchrun])
+
+
+def cluster_label(network: VirtualNetwork, ranks_per_host: int) -> str:
+    """The run's ``network`` tag on emulated hosts: ``hosts2x2-100mbit`` (H x G, the inter-host
+    rate), ``-intra10gbit`` when the loopback is shaped too."""
+    inter = rate_label(network.shape.rate_bps) if network.shape else "unshaped"
+    intra = f"-intra{rate_label(network.intra_shape.rate_bps)}" if network.intra_shape else ""
+    return f"hosts{network.world_size}x{ranks_per_host}-{inter}{intra}"
+
+
+def run_hosts(
+    network: VirtualNetwork,
+    ranks_per_host: int,
+    target: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    max_restarts: int = 0,
+    rdzv_port: int = 29400,
+    poll_seconds: float = 0.2,
+    on_start: Callable[[list[subprocess.Popen[bytes]]], None] | None = None,
+) -> int:
+    """Run ``target`` on ``network.world_size`` emulated hosts of ``ranks_per_host`` ranks each, one
+    torchrun agent per host as on a cluster (:func:`agent_command`); return 0 or the failure's code.
+
+    Restarts as on a cluster: a worker that fails makes every agent restart its workers in a new
+    rendezvous round (torchrun's ``--max-restarts``; training resumes from its last checkpoint);
+    an agent that is *killed* (a lost host: it ends by a signal) is started again, as a cluster's
+    scheduler would, and joins that round, up to ``max_restarts`` times. An agent that exits with
+    an error (its workers failed more often than allowed) stops the run. Every agent and worker is
+    stopped on every exit path (workers die with their agent); the network is the caller's.
+    ``on_start`` sees the agents' processes once all are started (tests kill one).
+    """
+    import time
+    import uuid
+
+    if not network.is_up:
+        raise NetemError("the virtual network is not up: use `with VirtualNetwork(...) as net:`")
+    if isinstance(ranks_per_host, bool) or not isinstance(ranks_per_host, int) or ranks_per_host < 1:
+        raise ValueError(f"ranks_per_host must be an int >= 1, got {ranks_per_host!r}")
+    rdzv_id = f"thinwire-{uuid.uuid4().hex[:8]}"
+    host_env = {
+        **os.environ,
+        **(env or {}),
+        "GLOO_SOCKET_IFNAME": IFNAME,
+        "THINWIRE_NETWORK": cluster_label(network, ranks_per_host),
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",  # see pipelines.launch.RESTART_SAFE_ENV
+    }
+    host_env.setdefault("OMP_NUM_THREADS", "1")
+    host_env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+
+    def start(host: int) -> subprocess.Popen[bytes]:
+        command = agent_command(
+            network,
+            host,
+            ranks_per_host,
+            target,
+            rdzv_port=rdzv_port,
+            rdzv_id=rdzv_id,
+            max_restarts=max_restarts,
+        )
+        return subprocess.Popen(command, env=host_env, start_new_session=True, preexec_fn=_die_with_launcher)
+
+    agents: list[subprocess.Popen[bytes]] = []
+    try:
+        agents = [start(host) for host in range(network.world_size)]
+        if on_start is not None:
+            on_start(list(agents))
+        host_restarts = 0
+        while True:
+            codes = [agent.poll() for agent in agents]
+            if all(code == 0 for code in codes):
+                return 0
+            for host, code in enumerate(codes):
+                if code is None or code == 0:
+                    continue
+                if code < 0 and host_restarts < max_restarts:
+                    host_restarts += 1
+                    log.warning(
+                        "host %d's agent was killed (signal %d): starting it again (%d of %d)",
+                        host, -code, host_restarts, max_restarts,
+                    )  # fmt: skip
+                    agents[host] = start(host)
+                    continue
+                log.error("host %d's agent exited with code %d", host, code)
+                return code if code > 0 else 128 - code
+            time.sleep(poll_seconds)
+    finally:
+        _stop(agents)

@@ -22,6 +22,16 @@ ranks like torchrun when one fails, and removes the namespaces on every exit pat
 failure, Ctrl-C, SIGTERM). ``--allow-unshaped`` runs plain torchrun instead where emulation is
 unavailable (the run is tagged ``network=host``).
 
+As a cluster of H hosts x G ranks (H x G = the run's ``world_size``)::
+
+    python -m pipelines.launch suite mnist_fp32 --hosts 2 --ranks-per-host 2 --inter-host-bandwidth 1gbit
+
+emulates H hosts (one namespace each; a host's ranks share its loopback, shaped with
+``--intra-host-bandwidth`` if given) joined by links of the inter-host rate, and starts on each its
+own ``torchrun --nnodes H --nproc_per_node G --rdzv-backend c10d --rdzv-endpoint <host 0>:29400``
+agent, as on a cluster (:func:`common.netem.run_hosts`; a killed host's agent is started again and
+the run resumes from its last checkpoint).
+
 Repeats of one run share one start-up (torchrun, imports, data, MLflow: ~30 s on 2 cores)::
 
     python -m pipelines.launch terngrad mnist_noclip --seeds 0,1,2 --out /tmp/mnist_noclip
@@ -92,6 +102,18 @@ def main(argv: list[str] | None = None) -> None:
         metavar="RATE",
         help="shape every rank's link to RATE (e.g. 100mbit, 1gbit): one network namespace per rank",
     )
+    cluster = parser.add_argument_group("an emulated cluster (needs root and iproute2)")
+    cluster.add_argument("--hosts", type=int, default=None, metavar="H", help="emulated hosts")
+    cluster.add_argument("--ranks-per-host", type=int, default=None, metavar="G", help="ranks on each host")
+    cluster.add_argument(
+        "--inter-host-bandwidth", default=None, metavar="RATE", help="each host's link to the switch"
+    )
+    cluster.add_argument(
+        "--intra-host-bandwidth",
+        default=None,
+        metavar="RATE",
+        help="each host's loopback, which its ranks share (default: unshaped)",
+    )
     parser.add_argument(
         "--allow-unshaped",
         action="store_true",
@@ -151,6 +173,7 @@ def main(argv: list[str] | None = None) -> None:
         config = repeats[0][1]
         if args.net_bandwidth is not None:
             netem.parse_rate(args.net_bandwidth)
+        check_cluster(args, config.world_size)
         # Missing or corrupt data fails here, once, not in every rank; a cold cache is filled now.
         load_dataset(config.dataset, "test", limit=1, seq_len=config.seq_len)
         if not args.out:  # a hand run: never into results/ (DVC stages name their folder)
@@ -165,6 +188,12 @@ def main(argv: list[str] | None = None) -> None:
         os.environ.setdefault(key, value)
     if args.run_name:
         os.environ[RUN_NAME_ENV] = args.run_name
+    if args.hosts is not None:
+        try:
+            netem.check_support()
+        except netem.NetemError as error:
+            raise SystemExit(f"error: {error}") from None
+        raise SystemExit(run_cluster(args, config.max_restarts))
     if args.net_bandwidth is not None:
         try:
             netem.check_support()
@@ -185,6 +214,46 @@ def run_shaped(args: argparse.Namespace, world_size: int, max_restarts: int) -> 
     argv += ["--scale", args.scale] if args.scale else []
     with netem.terminate_as_exception(), netem.VirtualNetwork(world_size, args.net_bandwidth) as network:
         return netem.run_workers(network, argv, max_restarts=max_restarts)
+
+
+CLUSTER_FLAGS = ("hosts", "ranks_per_host", "inter_host_bandwidth")
+
+
+def check_cluster(args: argparse.Namespace, world_size: int) -> None:
+    """The cluster flags come together, multiply to the run's world size, and exclude
+    ``--net-bandwidth`` (one namespace per rank)."""
+    given = [f"--{name.replace('_', '-')}" for name in CLUSTER_FLAGS if getattr(args, name) is not None]
+    if not given and args.intra_host_bandwidth is None:
+        return
+    if len(given) < len(CLUSTER_FLAGS):
+        raise ValueError(
+            "an emulated cluster needs --hosts, --ranks-per-host and --inter-host-bandwidth together; "
+            f"got only {', '.join(given) or '--intra-host-bandwidth'}"
+        )
+    if args.net_bandwidth is not None:
+        raise ValueError("--net-bandwidth (a namespace per rank) and --hosts (per host) exclude each other")
+    for flag, value in (("--hosts", args.hosts), ("--ranks-per-host", args.ranks_per_host)):
+        if value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
+    if args.hosts * args.ranks_per_host != world_size:
+        raise ValueError(
+            f"--hosts {args.hosts} x --ranks-per-host {args.ranks_per_host} = "
+            f"{args.hosts * args.ranks_per_host} ranks, but the run's world_size is {world_size}"
+        )
+    for rate in (args.inter_host_bandwidth, args.intra_host_bandwidth):
+        if rate is not None:
+            netem.parse_rate(rate)
+
+
+def run_cluster(args: argparse.Namespace, max_restarts: int) -> int:
+    """H emulated hosts, one torchrun agent each (c10d rendezvous); always torn down."""
+    target = ["-m", "pipelines.train", args.pipeline, args.run]
+    target += ["--scale", args.scale] if args.scale else []
+    network = netem.VirtualNetwork(
+        args.hosts, args.inter_host_bandwidth, intra_rate=args.intra_host_bandwidth
+    )
+    with netem.terminate_as_exception(), network:
+        return netem.run_hosts(network, args.ranks_per_host, target, max_restarts=max_restarts)
 
 
 # torchrun (2.5+) shares its rendezvous TCPStore with the workers' init_process_group; after a

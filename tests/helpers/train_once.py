@@ -6,7 +6,9 @@ With ``--kill-at``, rank 1 SIGKILLs itself at that step the first time (a marker
 remembers it), so torchrun restarts both ranks and they resume from the last checkpoint. With
 ``--hang-at``, rank 1 sleeps there the first time (a hung peer): rank 0 gives up after
 ``--timeout`` seconds in its next collective, and torchrun restarts both. ``--epochs`` makes the
-run longer (a different run).
+run longer (a different run). ``--world-size`` runs it on more ranks. With ``--kill-host-at`` the
+last rank SIGKILLs its torchrun agent and itself there the first time: a lost host (its other ranks
+die with the agent), for the emulated-cluster tests (``common.netem.run_hosts``).
 """
 
 from __future__ import annotations
@@ -53,10 +55,22 @@ def main() -> None:
     parser.add_argument("--hang-at", type=int, default=None)
     parser.add_argument("--timeout", type=float, default=None, help="collective_timeout_s")
     parser.add_argument("--epochs", type=int, default=None)
+    parser.add_argument("--world-size", type=int, default=None)
+    parser.add_argument("--kill-host-at", type=int, default=None)
     args = parser.parse_args()
     out = Path(args.out)
 
     def maybe_die(info: StepInfo) -> None:
+        host_marker = out / "host-killed-once"
+        if (
+            info.rank == int(os.environ["WORLD_SIZE"]) - 1
+            and info.step == args.kill_host_at
+            and not host_marker.exists()
+        ):
+            host_marker.parent.mkdir(parents=True, exist_ok=True)
+            host_marker.touch()
+            os.kill(os.getppid(), signal.SIGKILL)  # the agent: the host's other ranks die with it
+            os.kill(os.getpid(), signal.SIGKILL)
         if info.rank != 1:
             return
         for step, marker in ((args.kill_at, out / "killed-once"), (args.hang_at, out / "hung-once")):
@@ -67,7 +81,7 @@ def main() -> None:
                     os.kill(os.getpid(), signal.SIGKILL)
                 time.sleep(3600)  # hung: torchrun's SIGTERM ends it once rank 0 has failed
 
-    overrides = {"collective_timeout_s": args.timeout, "epochs": args.epochs}
+    overrides = {"collective_timeout_s": args.timeout, "epochs": args.epochs, "world_size": args.world_size}
     run = RunConfig.from_dict({**CONFIG, **{k: v for k, v in overrides.items() if v is not None}})
     try:
         train(run, out, callbacks=[maybe_die])
