@@ -68,6 +68,10 @@ class RunConfig:
     # CPU without bf16 units computes a bf16 run in fp32 (common.train.compute_precision).
     precision: str = "fp32"
     channels_last: bool = False
+    # Hierarchical synchronisation (common.comm.hierarchy): a dense reduce inside each host, the
+    # compressor between hosts' leaders only, a broadcast inside the host; hosts as torchrun lays
+    # them out (LOCAL_WORLD_SIZE ranks each). For strategies that declare host_hierarchy.
+    hierarchical: bool = False
     batch_size: int = 64  # per rank
     epochs: int = 1
     max_steps: int | None = None  # stop early (smoke scale); None = all epochs
@@ -146,7 +150,7 @@ class RunConfig:
             _check_positive_int(name, getattr(self, name))
         for name in _OPTIONAL_POSITIVE_INTS:
             _check_positive_int(name, getattr(self, name), allow_none=True)
-        for name in ("error_feedback", "compress_per_tensor", "channels_last"):
+        for name in ("error_feedback", "compress_per_tensor", "channels_last", "hierarchical"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         for name, choices in (
@@ -200,6 +204,11 @@ class RunConfig:
             raise ValueError(
                 f"strategy {name} keeps its own memory ({needs.own_memory}): set error_feedback: false"
             )
+        if self.hierarchical and not cls.host_hierarchy:
+            raise ValueError(
+                f"strategy {name} does not synchronise hierarchically (a dense reduce inside each host, "
+                f"its compressor between hosts): set hierarchical: false, or use strategy data_parallel"
+            )
         for setting, neutral, why in cls.ignores:
             if getattr(self, setting) != neutral:
                 raise ValueError(
@@ -223,7 +232,8 @@ class RunConfig:
             "max_restarts",
         }
         values = {k: v for k, v in self.to_dict().items() if k not in ignore}
-        for key, default in (("sampling", "epochs"), ("first_step", 0)):  # added later: at their defaults,
+        added_later = (("sampling", "epochs"), ("first_step", 0), ("hierarchical", False))
+        for key, default in added_later:  # at their defaults,
             if values[key] == default:  # a run keeps the fingerprint (and checkpoints) it had before
                 del values[key]
         return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()[:12]

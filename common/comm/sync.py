@@ -29,6 +29,7 @@ from .collectives import (
     get_rank,
     get_world_size,
 )
+from .hierarchy import HostHierarchy
 from .low_rank import reduce_low_rank
 from .stats import CommStats
 
@@ -121,6 +122,7 @@ class GradientSync:
         seed: int = 0,
         group: ProcessGroup = None,
         stats: CommStats | None = None,
+        hierarchy: HostHierarchy | None = None,
     ) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"unknown transport {transport!r}; valid transports: {', '.join(TRANSPORTS)}")
@@ -145,7 +147,13 @@ class GradientSync:
         self.bucket_numel = bucket_numel
         self.compress_per_tensor = compress_per_tensor
         self.seed = seed
-        self.group = group
+        if hierarchy is not None and group is not None:
+            raise ValueError(
+                "pass a process group or a host hierarchy (whose leaders form the group), not both"
+            )
+        # Hierarchical: the compressor runs between the hosts' leaders (common.comm.hierarchy).
+        self.hierarchy = hierarchy
+        self.group = hierarchy.inter if hierarchy is not None else group
         self.stats = stats if stats is not None else CommStats()
         self._rng: CompressorRNG | None = None
         # Times each unit (a tensor, or a flat bucket: its names joined) was compressed: its
@@ -240,6 +248,26 @@ class GradientSync:
 
         The input may be overwritten (an all-reduce works in place) and may be the result.
         """
+        if self.hierarchy is not None:
+            return self._reduce_across_hosts(names, flat, sizes)
+        return self._reduce_flat(names, flat, sizes)
+
+    def _reduce_across_hosts(self, names: Sequence[str], flat: Tensor, sizes: Sequence[int]) -> Tensor:
+        """Dense sum onto the host's leader, the leaders' mean through the compressor (divided by
+        the ranks per host: the mean over every rank), the leader's result to its host."""
+        hierarchy = cast(HostHierarchy, self.hierarchy)
+        with self.stats.phase("communicate", flat.device):
+            hierarchy.reduce_to_leader(flat)
+        if hierarchy.is_leader:
+            mean = self._reduce_flat(names, flat, sizes)
+            if mean.data_ptr() != flat.data_ptr():
+                flat.copy_(mean)
+            flat.div_(hierarchy.ranks_per_host)
+        with self.stats.phase("communicate", flat.device):
+            hierarchy.broadcast_from_leader(flat)
+        return flat
+
+    def _reduce_flat(self, names: Sequence[str], flat: Tensor, sizes: Sequence[int]) -> Tensor:
         if self.compressor.needs.scaled_codes:
             return self._reduce_scaled_codes(names, flat, sizes)
         if self.compressor.needs.low_rank:
@@ -260,12 +288,12 @@ class GradientSync:
         Returns a future of the mean, so that DDP can overlap the all-reduce (linear compressors)
         or the payloads' all-gather (the others) with the rest of the backward pass; decompression
         runs when the collective completes. Routes of several rounds (TernGrad's shared scaler,
-        PowerSGD's two all-reduces) and world size 1 complete at once. ``communicate`` seconds are
+        PowerSGD's two all-reduces, a host hierarchy) and world size 1 complete at once. ``communicate`` seconds are
         then the time from launch to completion, overlap included.
         """
         world = get_world_size(self.group)
         needs = self.compressor.needs
-        if world == 1 or needs.scaled_codes or needs.low_rank:
+        if world == 1 or needs.scaled_codes or needs.low_rank or self.hierarchy is not None:
             future: Future[Tensor] = Future()
             future.set_result(self.reduce_flat(names, flat, sizes))
             return future
@@ -541,6 +569,7 @@ class GradientSync:
             "draws": dict(self._draws),  # the generators restart from (unit, count): nothing else to keep
             "stats": self.stats.state_dict(),
             "low_rank_q": {k: v.detach().clone() for k, v in self.low_rank_q.items()},
+            "host_stats": self.hierarchy.stats.state_dict() if self.hierarchy is not None else None,
         }
 
     def load_state_dict(self, state: dict[str, object]) -> None:
@@ -558,3 +587,6 @@ class GradientSync:
         stored_q = cast(dict[str, Tensor], state.get("low_rank_q", {}))
         self.low_rank_q = {k: v.clone() for k, v in stored_q.items()}
         self.stats.load_state_dict(state["stats"])  # type: ignore[arg-type]
+        host_stats = state.get("host_stats")
+        if self.hierarchy is not None and host_stats is not None:
+            self.hierarchy.stats.load_state_dict(host_stats)  # type: ignore[arg-type]

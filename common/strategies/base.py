@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from ..comm.collectives import get_world_size
+from ..comm.hierarchy import HostHierarchy
 from ..comm.stats import CommStats
 from ..comm.sync import GradientSync
 from ..compressors import build_compressor
@@ -82,6 +83,8 @@ class SyncStrategy:
     name: ClassVar[str] = ""
     needs: ClassVar[MethodNeeds] = MethodNeeds()
     ignores: ClassVar[tuple[tuple[str, Any, str], ...]] = ()
+    #: Whether ``hierarchical: true`` runs can use it (its sync takes a HostHierarchy).
+    host_hierarchy: ClassVar[bool] = False
     stats: CommStats
     _groups: list[dict[str, Any]]  # what param_groups() returned, where a strategy reads its lr
     _attached: torch.optim.Optimizer | None = None
@@ -263,6 +266,7 @@ class DataParallel(SyncStrategy):
     """Synchronous data parallelism: every rank's gradients averaged through a :class:`GradientSync`."""
 
     name = "data_parallel"
+    host_hierarchy = True
 
     def __init__(self, sync: GradientSync) -> None:
         self.sync = sync
@@ -278,6 +282,7 @@ class DataParallel(SyncStrategy):
             bucket_numel=config.bucket_numel,
             compress_per_tensor=config.compress_per_tensor,
             seed=config.seed,
+            hierarchy=HostHierarchy.build() if config.hierarchical else None,
         )
         return cls(sync)
 
