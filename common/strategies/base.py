@@ -293,6 +293,14 @@ class DataParallel(SyncStrategy):
     def after_backward(self, model: nn.Module) -> None:
         self.sync.sync_gradients(model)
 
+    def metrics(self) -> dict[str, float]:
+        """Hierarchical runs: the bits this rank sent inside its host per step (``bits_per_step``
+        is what it sent between hosts: nothing on a host's other ranks)."""
+        hierarchy = self.sync.hierarchy
+        if hierarchy is None:
+            return {}
+        return {"intra_host_bits_per_step": hierarchy.stats.bits_sent / max(self.stats.steps, 1)}
+
     def before_eval(self, model: nn.Module) -> None:
         # BatchNorm running statistics drift apart per rank (DDP broadcasts them every forward);
         # evaluate with rank 0's on every rank.
