@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Everything a GPU machine should check, in one go, in under 10 minutes on one GPU (never in CI):
+#   1. the GPU tests (the compiled Triton kernels against their references): pytest -m gpu
+#   2. every kernel benchmark, compiled (benchmarks/kernels/run_all.sh -> results/kernels.csv)
+#   3. the paper-scale models' step time through GradientSync on NCCL (results/gpu_models.md)
+# Logs go to benchmarks/results/gpu_run_all.log. On the device machine:
+#
+#   bash benchmarks/gpu/run_all.sh            # sets up .venv if needed
+set -uo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$repo"
+python="${PYTHON:-$repo/.venv/bin/python}"
+if [ ! -x "$python" ]; then
+    make setup >/dev/null || { echo "make setup failed"; exit 1; }
+fi
+export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
+export TRITON_INTERPRET=0
+log="$repo/benchmarks/results/gpu_run_all.log"
+status=0
+{
+    echo "== $(date -u +%FT%TZ) git $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    "$python" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'NO GPU')"
+    echo "== pytest -m gpu"
+    timeout 240 "$python" -m pytest -q -m gpu -p no:cacheprovider tests/kernels || status=1
+    echo "== kernel benchmarks"
+    timeout 240 bash benchmarks/kernels/run_all.sh --repeats 9 || status=1
+    echo "== paper-scale models on NCCL"
+    gpus="$("$python" -c 'import torch; print(max(torch.cuda.device_count(), 1))')"
+    timeout 180 "$python" -m torch.distributed.run --standalone --nproc_per_node "$gpus" \
+        benchmarks/gpu/bench_models.py --steps 10 --warmup 3 || status=1
+    echo "== done, status $status"
+} 2>&1 | tee "$log"
+exit $status
