@@ -36,19 +36,21 @@ import math
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-import cvxpy as cp
 import networkx as nx
 import numpy as np
 
 from .graphs import Matchings, check_graph
 from .matching import check_matchings, graph_edges, laplacian, matching_decomposition, matching_laplacians
 
+if TYPE_CHECKING:
+    import cvxpy as cp
+
 log = logging.getLogger(__name__)
 
 # CLARABEL (interior point) is accurate to ~1e-8 on these problems; SCS (first order) is the fallback.
 SOLVERS = ("CLARABEL", "SCS")
-_OK = (cp.OPTIMAL, cp.OPTIMAL_INACCURATE)
 # Largest gap accepted between a solver's answer and its numpy recomputation (CLARABEL: ~1e-8).
 _TOL = 1e-5
 
@@ -94,6 +96,14 @@ def check_probabilities(p: Sequence[float] | np.ndarray, num_matchings: int) -> 
     return arr
 
 
+def _cvxpy() -> Any:
+    """cvxpy, imported on first use: 1.8 s of every training process's start-up otherwise (it is
+    needed only to plan MATCHA's activation probabilities and mixing weight)."""
+    import cvxpy
+
+    return cvxpy
+
+
 def _solve(problem: cp.Problem, what: str, verify: Callable[[], str | None]) -> None:
     """Solve with the first solver in SOLVERS whose answer ``verify()`` accepts (it returns None).
 
@@ -102,6 +112,7 @@ def _solve(problem: cp.Problem, what: str, verify: Callable[[], str | None]) -> 
     agrees with the recomputation to ~1e-8, so such an answer is kept when verified; cvxpy's warning
     about it is silenced here for that reason.
     """
+    cp = _cvxpy()
     failures = []
     for solver in SOLVERS:
         with warnings.catch_warnings():
@@ -111,7 +122,7 @@ def _solve(problem: cp.Problem, what: str, verify: Callable[[], str | None]) -> 
             except cp.error.SolverError as err:
                 failures.append(f"{solver}: {err}")
                 continue
-        if problem.status not in _OK:
+        if problem.status not in (cp.OPTIMAL, cp.OPTIMAL_INACCURATE):
             failures.append(f"{solver}: status {problem.status}")
             continue
         complaint = verify()
@@ -155,6 +166,7 @@ def activation_probabilities(laplacians: Sequence[np.ndarray], budget: float) ->
     num_matchings = len(laps)
     if budget == 1.0:
         return np.ones(num_matchings)
+    cp = _cvxpy()
     p = cp.Variable(num_matchings)
     mean = sum((p[j] * laps[j] for j in range(num_matchings)), start=cp.Constant(np.zeros_like(laps[0])))
     # lambda_sum_smallest(L, 2) = lambda_1 + lambda_2 = lambda_2, as lambda_1 = 0 for every p.
@@ -204,6 +216,7 @@ def mixing_weight(laplacians: Sequence[np.ndarray], p: Sequence[float] | np.ndar
     n = laps[0].shape[0]
     mean, second = _second_moment_terms(laps, probs)
     mean, second = (mean + mean.T) / 2, (second + second.T) / 2  # exact symmetry for cvxpy's `<<`
+    cp = _cvxpy()
     a, b, s = cp.Variable(), cp.Variable(), cp.Variable()
     lhs = (1 - s) * np.eye(n) - 2 * a * mean - np.full((n, n), 1.0 / n) + b * second
     problem = cp.Problem(cp.Minimize(s), [lhs << 0, a >= 0, b >= 0, s >= 0, cp.square(a) <= b])
