@@ -85,6 +85,10 @@ class RunConfig:
     # AxoNN's, where a retraining from the rewind step continues its dense run's data order).
     sampling: str = "epochs"
     first_step: int = 0  # draws only: the draw of the run's first step
+    # None: each step's batch decoded in the training process. N >= 0: through a DataLoader with N
+    # worker processes, prefetching (and pinned memory on CUDA): the same batches, decoded ahead
+    # (common.data.loader; sampling: epochs only). Changes no result, only where decoding runs.
+    data_workers: int | None = None
     train_limit: int | None = None  # first N training examples only (smoke/cpu scale)
     eval_limit: int | None = None
     seq_len: int = 64  # language-model datasets
@@ -170,6 +174,18 @@ class RunConfig:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
         if self.first_step and self.sampling != "draws":
             raise ValueError(f"first_step {self.first_step} needs sampling: draws, got {self.sampling!r}")
+        if self.data_workers is not None:
+            if (
+                isinstance(self.data_workers, bool)
+                or not isinstance(self.data_workers, int)
+                or self.data_workers < 0
+            ):
+                raise ValueError(f"data_workers must be null or an integer >= 0, got {self.data_workers!r}")
+            if self.sampling != "epochs":
+                raise ValueError(
+                    f"data_workers {self.data_workers} needs sampling: epochs (a drawn example may recur "
+                    f"within an epoch, and its augmentation draw is counted where it is decoded), got {self.sampling!r}"
+                )
 
     def _check_schedule(self) -> None:
         milestones = list(self.lr_milestones)
@@ -230,6 +246,7 @@ class RunConfig:
             "keep_checkpoints",
             "collective_timeout_s",
             "max_restarts",
+            "data_workers",
         }
         values = {k: v for k, v in self.to_dict().items() if k not in ignore}
         added_later = (("sampling", "epochs"), ("first_step", 0), ("hierarchical", False))

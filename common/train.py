@@ -29,7 +29,7 @@ import math
 import os
 import platform
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,7 @@ from .comm.collectives import get_world_size
 from .config import RunConfig, stop_reached
 from .data import Dataset, drawn_batch, epoch_batches, load_dataset
 from .data.augment import augment_batch, augment_generator
+from .data.loader import epoch_loader
 from .distributed import DistContext, barrier, init_from_env, is_collective_timeout, seed_everything
 from .fileio import atomic_write, atomic_write_json, atomic_write_text
 from .methods import strategy_class
@@ -506,6 +507,7 @@ def _run_steps(
     run.model.train()
     batches: list[Tensor] = []
     batches_epoch = -1
+    loaded: Iterator[tuple[Tensor, Tensor]] | None = None
     while run.step < run.total_steps:
         start = time.perf_counter()  # a step's time includes drawing its epoch's batches
         epoch, index = divmod(run.step, run.steps_per_epoch)
@@ -515,8 +517,15 @@ def _run_steps(
             batches_epoch = epoch
             if hasattr(run.train_set, "set_epoch"):  # augments as it decodes (ImageNet)
                 run.train_set.set_epoch(epoch)
+            if config.data_workers is not None:  # the epoch's batches from this step on, decoded ahead
+                loaded = epoch_loader(
+                    run.train_set,
+                    batches[index:],
+                    workers=config.data_workers,
+                    pin_memory=ctx.device.type == "cuda",
+                )
         batch = batches[index] if config.sampling == "epochs" else _drawn_batch(run)
-        loss_value = _train_step(run, batch, start)
+        loss_value = _train_step(run, batch, start, next(loaded) if loaded is not None else None)
         logged: dict[str, float] = {}
         if run.step % run.log_every == 0 or run.step == run.total_steps:
             logged = _log_step(run, tracker, epoch)
@@ -542,13 +551,14 @@ def _run_steps(
     checkpoint(complete=True)
 
 
-def _train_step(run: _Run, batch: Tensor, start: float) -> float:
-    """One step on the batch of indices ``batch`` (timed from ``start``); returns this rank's loss."""
+def _train_step(run: _Run, batch: Tensor, start: float, loaded: tuple[Tensor, Tensor] | None = None) -> float:
+    """One step on the batch of indices ``batch`` (timed from ``start``; ``loaded``: its examples,
+    already decoded by a DataLoader); returns this rank's loss."""
     config, ctx, strategy = run.config, run.ctx, run.strategy
     comm_before = strategy.stats.seconds["communicate"]
     strategy.set_epoch(run.step / run.steps_per_epoch)  # e.g. DGC's warm-up densities
-    x, y = run.train_set.get_batch(batch)
-    x, y = x.to(ctx.device), y.to(ctx.device)
+    x, y = loaded if loaded is not None else run.train_set.get_batch(batch)
+    x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
     if config.augment != "none":
         x = augment_batch(x, config.augment, augment_generator(config.seed, ctx.rank, run.step))
     if config.channels_last and x.dim() == 4:

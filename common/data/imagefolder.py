@@ -290,6 +290,7 @@ class ImageFolderDataset:
         self._std = torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1)
         self._num_threads = num_threads
         self._pool: ThreadPoolExecutor | None = None
+        self._pool_pid = os.getpid()
 
     @property
     def info(self) -> DatasetInfo:
@@ -330,8 +331,9 @@ class ImageFolderDataset:
             self._draws[i] += 1
         if not positions:
             return torch.zeros(0, 3, self.size, self.size), self.labels[indices]
-        if self._pool is None:
+        if self._pool is None or self._pool_pid != os.getpid():  # a forked DataLoader worker: no threads
             self._pool = ThreadPoolExecutor(self._num_threads, thread_name_prefix=f"{self.info.name}-decode")
+            self._pool_pid = os.getpid()
             weakref.finalize(self, self._pool.shutdown, wait=False)
         images = list(self._pool.map(self._load, positions, draws))
         x = torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).contiguous()

@@ -193,6 +193,28 @@ def test_a_hung_then_a_killed_rank_both_restart_and_resume_bit_exact(reference, 
     )
 
 
+def test_a_run_through_data_loader_workers_is_killed_resumes_and_equals_the_in_process_run(
+    reference, tmp_path
+):
+    """``data_workers: 2`` (each rank's batches decoded by 2 DataLoader processes): rank 1 is
+    SIGKILLed at step 11, both restart from step 8, mid-epoch; the run ends with the parameters
+    of the reference, which decoded in process."""
+    out, _ = reference
+    loaded = tmp_path / "loaded"
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **RESTART_SAFE_ENV}
+    torchrun = Path(sys.executable).parent / "torchrun"
+    command = [str(torchrun), "--standalone", "--nproc_per_node=2", "--max-restarts=1",
+               str(REPO_ROOT / "tests/helpers/train_once.py"), str(loaded), "--kill-at", "11",
+               "--data-workers", "2"]  # fmt: skip
+    result = run_group(command, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = json.loads((loaded / "run.json").read_text())
+    assert run["resumed_at"] == [8] and run["config"]["data_workers"] == 2
+    for rank in range(2):
+        a, b = _final_state(out, rank)["model"], _final_state(loaded, rank)["model"]
+        assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_unreachable_mlflow_costs_one_warning_and_training_goes_on(tmp_path, monkeypatch, caplog):
     import socket
 

@@ -10,6 +10,8 @@ hierarchical top-k, ``indices[:num_selects]``; decompression into the reused gra
 (``grad.zero_().index_put_(..., accumulate=True)``).
 """
 
+# ruff: noqa: RUF046, SIM108  (the official code, line for line: its int(math.ceil(...)) and if-else kept)
+
 from __future__ import annotations
 
 import math

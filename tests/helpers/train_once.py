@@ -6,7 +6,7 @@ With ``--kill-at``, rank 1 SIGKILLs itself at that step the first time (a marker
 remembers it), so torchrun restarts both ranks and they resume from the last checkpoint. With
 ``--hang-at``, rank 1 sleeps there the first time (a hung peer): rank 0 gives up after
 ``--timeout`` seconds in its next collective, and torchrun restarts both. ``--epochs`` makes the
-run longer (a different run). ``--world-size`` runs it on more ranks. With ``--kill-host-at`` the
+run longer (a different run). ``--world-size`` runs it on more ranks, ``--data-workers`` decodes through a DataLoader. With ``--kill-host-at`` the
 last rank SIGKILLs its torchrun agent and itself there the first time: a lost host (its other ranks
 die with the agent), for the emulated-cluster tests (``common.netem.run_hosts``).
 """
@@ -57,6 +57,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=None)
     parser.add_argument("--world-size", type=int, default=None)
     parser.add_argument("--kill-host-at", type=int, default=None)
+    parser.add_argument("--data-workers", type=int, default=None)
     args = parser.parse_args()
     out = Path(args.out)
 
@@ -81,7 +82,12 @@ def main() -> None:
                     os.kill(os.getpid(), signal.SIGKILL)
                 time.sleep(3600)  # hung: torchrun's SIGTERM ends it once rank 0 has failed
 
-    overrides = {"collective_timeout_s": args.timeout, "epochs": args.epochs, "world_size": args.world_size}
+    overrides = {
+        "collective_timeout_s": args.timeout,
+        "epochs": args.epochs,
+        "world_size": args.world_size,
+        "data_workers": args.data_workers,
+    }
     run = RunConfig.from_dict({**CONFIG, **{k: v for k, v in overrides.items() if v is not None}})
     try:
         train(run, out, callbacks=[maybe_die])
