@@ -20,7 +20,9 @@ OPTIMIZERS = ("sgd", "adamw")
 AUGMENTATIONS = ("none", "crop_flip", "flip_translate")  # common.data.augment (validation imports no torch)
 LR_SCHEDULES = ("constant", "cosine", "step", "linear")
 SAMPLINGS = ("epochs", "draws")  # common.data.sampling
-PRECISIONS = ("fp32", "bf16")  # bf16: autocast of the forward and backward; weights and gradients stay fp32
+# bf16: autocast of the forward and backward; weights and gradients stay fp32. fp16: the same in
+# fp16, with a dynamic loss scale (common.loss_scale); a GPU option (on a CPU it is emulated).
+PRECISIONS = ("fp32", "bf16", "fp16")
 
 
 @dataclass(frozen=True)

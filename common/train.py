@@ -46,6 +46,7 @@ from .data.augment import augment_batch, augment_generator
 from .data.loader import epoch_loader
 from .distributed import DistContext, barrier, init_from_env, is_collective_timeout, seed_everything
 from .fileio import atomic_write, atomic_write_json, atomic_write_text
+from .loss_scale import LossScaler
 from .methods import strategy_class
 from .models import build_model
 from .paths import REPO_ROOT
@@ -123,8 +124,11 @@ def cpu_has_bf16() -> bool:
 def compute_precision(config: RunConfig, device: torch.device) -> str:
     """What a run computes its forward and backward in: ``"bf16"`` where it asks for it
     (``precision: bf16``) and the device has bf16 arithmetic (a GPU, or :func:`cpu_has_bf16`),
-    ``"fp32"`` otherwise. A CPU without bf16 units runs a bf16 recipe in fp32 (faster there, and
-    closer to exact); ``run.json`` and the run's tags record which (``compute_precision``)."""
+    ``"fp16"`` where it asks for fp16 (with a loss scale; emulated, and slow, on a CPU), ``"fp32"``
+    otherwise. A CPU without bf16 units runs a bf16 recipe in fp32 (faster there, and closer to
+    exact); ``run.json`` and the run's tags record which (``compute_precision``)."""
+    if config.precision == "fp16":
+        return "fp16"
     if config.precision != "bf16" or (device.type == "cpu" and not cpu_has_bf16()):
         return "fp32"
     return "bf16"
@@ -132,8 +136,9 @@ def compute_precision(config: RunConfig, device: torch.device) -> str:
 
 def autocast(config: RunConfig, device: torch.device) -> Any:
     """The compute-precision context of a forward (and its backward): :func:`compute_precision`."""
-    enabled = compute_precision(config, device) == "bf16"
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled)
+    precision = compute_precision(config, device)
+    dtype = torch.float16 if precision == "fp16" else torch.bfloat16
+    return torch.autocast(device.type, dtype=dtype, enabled=precision != "fp32")
 
 
 def _build_model(config: RunConfig, dataset: Dataset) -> nn.Module:
@@ -289,6 +294,7 @@ class _Run:
     stopped: bool = False  # stop_at reached (a time-to-target run ends at that evaluation)
     resumed_at: list[int] = field(default_factory=list)  # the steps this run was resumed from (restarts)
     step_seconds: float = 0.0  # the last step's time (StepInfo.seconds)
+    loss_scaler: LossScaler | None = None  # precision fp16
 
     def checkpoint_state(self, tracking_partial: bool) -> dict[str, Any]:
         return {
@@ -306,6 +312,7 @@ class _Run:
             "mlflow_run_id": self.run_id,
             "tracking_partial": tracking_partial,
             "resumed_at": self.resumed_at,
+            "loss_scale": self.loss_scaler.state_dict() if self.loss_scaler is not None else None,
         }
 
     def restore(self, state: dict[str, Any]) -> None:
@@ -313,6 +320,8 @@ class _Run:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.strategy.load_state_dict(state["strategy"])
+        if self.loss_scaler is not None:
+            self.loss_scaler.load_state_dict(state["loss_scale"])
         torch.set_rng_state(state["torch_rng"])
         self.step, self.elapsed, self.window = state["step"], state["elapsed"], state["window"]
         self.non_comm = state.get("non_comm", [])
@@ -453,6 +462,7 @@ def _build_run(
             config.eval_every if config.num_evaluations is None else -(-total_steps // config.num_evaluations)
         ),
         log_every=config.log_every if config.num_logs is None else -(-total_steps // config.num_logs),
+        loss_scaler=LossScaler() if config.precision == "fp16" else None,
     )
 
 
@@ -564,14 +574,22 @@ def _train_step(run: _Run, batch: Tensor, start: float, loaded: tuple[Tensor, Te
     if config.channels_last and x.dim() == 4:
         x = x.contiguous(memory_format=torch.channels_last)
     run.optimizer.zero_grad(set_to_none=True)
+    scaler = run.loss_scaler
     with autocast(config, ctx.device):
-        loss = strategy.forward_backward(run.model, x, y, run.loss_fn)
-    if config.grad_clip_norm is not None:
-        torch.nn.utils.clip_grad_norm_(run.trainable, config.grad_clip_norm)
-    strategy.after_backward(run.model)
-    run.optimizer.step()
-    run.scheduler.step()
-    strategy.after_step(run.model)
+        loss = strategy.forward_backward(run.model, x, y, run.loss_fn if scaler is None else scaler.scaled(run.loss_fn))
+    finite = True
+    if scaler is not None:  # fp16: true gradients before anything is clipped or sent; all ranks agree
+        loss = loss / scaler.scale
+        finite = scaler.unscale_(run.trainable)
+        scaler.update(finite)
+    if finite:
+        if config.grad_clip_norm is not None:
+            torch.nn.utils.clip_grad_norm_(run.trainable, config.grad_clip_norm)
+        strategy.after_backward(run.model)
+        run.optimizer.step()
+    run.scheduler.step()  # the schedule keeps its length; a skipped step is a step with no update
+    if finite:
+        strategy.after_step(run.model)
     run.step += 1
     loss_value = float(loss)
     if not math.isfinite(loss_value):
@@ -651,6 +669,9 @@ def _final_metrics(run: _Run) -> dict[str, float]:
     }
     if run.config.stop_at:  # 1: ended at its target (the steps ran are fewer than total_steps)
         metrics["stopped_at_target"] = float(run.stopped)
+    if run.loss_scaler is not None:  # fp16: steps skipped for an inf or NaN gradient, and the last scale
+        metrics["fp16_skipped_steps"] = float(run.loss_scaler.skipped)
+        metrics["loss_scale"] = run.loss_scaler.scale
     return metrics
 
 

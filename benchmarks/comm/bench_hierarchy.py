@@ -11,10 +11,10 @@ through ``GradientSync`` (buckets of 2^22 entries): fp32 and top-k 1 % + error f
 tensor), each flat (every rank in the collective) and hierarchical (``common.comm.hierarchy``:
 dense reduce onto the host's leader, the compressor between the 2 leaders, broadcast back). The
 variants alternate, cycle by cycle; reported: the median step time (the slowest rank's), and the
-bits a rank hands to collectives per step by link class (between hosts: rank 0's, a leader's;
-inside a host: rank 1's reduce plus rank 0's broadcast). Flat syncs send everything over the host
-link as torch sees it (gloo's traffic between two ranks of one host still goes over loopback;
-the counter does not split it).
+bits per step by link class: what rank 0 hands to the gradient collective (flat: the all-reduce or
+all-gather of all 4 ranks, whose ring crosses the host links and the loopbacks alike;
+hierarchical: the 2 leaders' collective, which crosses only the host link), and what the host
+reduce and broadcast move over a host's loopback (rank 1's reduce plus rank 0's broadcast).
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ def main() -> None:
         "the script's docstring says what a step is. Median step (the slowest rank's) over "
         f"{args.cycles} interleaved cycles; Mbit a rank hands to collectives per step.",
         "",
-        "| between hosts | variant | step s | / flat | Mbit between hosts (rank 0) | Mbit inside a host |",
+        "| between hosts | variant | step s | / flat | Mbit into the gradient collective (rank 0) | Mbit into the host reduce + broadcast |",
         "|---|---|---:|---:|---:|---:|",
     ]
     with tempfile.TemporaryDirectory() as tmp:

@@ -104,6 +104,22 @@ def test_backward_gives_finite_nonzero_gradient_for_every_parameter(case: str) -
         assert p.grad.abs().sum() > 0, f"{name} has an all-zero gradient"
 
 
+@pytest.mark.parametrize("case", CASES)
+def test_one_step_under_bf16_autocast_runs_every_model(case: str) -> None:
+    """What a GPU run with ``precision: bf16`` does (the CPU emulates bf16 where it has no units;
+    the LSTM falls back to fp32 where oneDNN has no bf16 kernel): finite fp32 gradients."""
+    model = _build(case).train()
+    x = _inputs(case, batch=1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(x)
+    targets = torch.randint(
+        0, logits.shape[-1], logits.shape[:-1], generator=torch.Generator().manual_seed(1)
+    )
+    F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1)).backward()
+    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    assert all(g is not None and g.dtype == torch.float32 and torch.isfinite(g).all() for g in grads)
+
+
 def _same_parameters(a: nn.Module, b: nn.Module) -> bool:
     return all(torch.equal(p, q) for p, q in zip(a.state_dict().values(), b.state_dict().values()))
 
