@@ -576,7 +576,9 @@ def _train_step(run: _Run, batch: Tensor, start: float, loaded: tuple[Tensor, Te
     run.optimizer.zero_grad(set_to_none=True)
     scaler = run.loss_scaler
     with autocast(config, ctx.device):
-        loss = strategy.forward_backward(run.model, x, y, run.loss_fn if scaler is None else scaler.scaled(run.loss_fn))
+        loss = strategy.forward_backward(
+            run.model, x, y, run.loss_fn if scaler is None else scaler.scaled(run.loss_fn)
+        )
     finite = True
     if scaler is not None:  # fp16: true gradients before anything is clipped or sent; all ranks agree
         loss = loss / scaler.scale
