@@ -102,3 +102,9 @@ def append_rows(path: Path, columns: Sequence[str], rows: Sequence[dict[str, obj
 def read_rows(path: Path) -> list[dict[str, str]]:
     with path.open(newline="") as f:
         return list(csv.DictReader(f))
+
+
+def write_markdown(name: str, lines: Sequence[str], *, no_write: bool) -> None:
+    """A benchmark's table into ``benchmarks/results/<name>`` (not with ``--no-write``)."""
+    if not no_write:
+        (RESULTS_DIR / name).write_text("\n".join(lines) + "\n")

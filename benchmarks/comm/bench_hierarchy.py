@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench_util import RESULTS_DIR, git_sha, load_average, now_iso
+from _bench_util import git_sha, load_average, now_iso, write_markdown
 
 from common import netem
 from common.comm import GradientSync
@@ -142,8 +142,7 @@ def main() -> None:
                 )
                 print(row, flush=True)
                 lines.append(row)
-    if not args.no_write:
-        (RESULTS_DIR / "hierarchy.md").write_text("\n".join(lines) + "\n")
+    write_markdown("hierarchy.md", lines, no_write=args.no_write)
 
 
 if __name__ == "__main__":

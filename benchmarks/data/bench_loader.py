@@ -28,7 +28,7 @@ import torch
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "comm"))
-from _bench_util import RESULTS_DIR, git_sha, load_average, now_iso
+from _bench_util import git_sha, load_average, now_iso, write_markdown
 
 from common.data import epoch_batches, load_dataset
 from common.data.imagefolder import DECODE_THREADS_ENV
@@ -99,8 +99,7 @@ def main() -> None:
             row = f"| {label} | " + " | ".join(f"{r:,.0f}" for r in rates) + " |"
             print(row, flush=True)
             lines.append(row)
-    if not args.no_write:
-        (RESULTS_DIR / "data_loader.md").write_text("\n".join(lines) + "\n")
+    write_markdown("data_loader.md", lines, no_write=args.no_write)
 
 
 if __name__ == "__main__":

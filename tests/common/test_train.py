@@ -7,6 +7,7 @@ import logging
 import os
 import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -165,6 +166,17 @@ def _read_csv(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
+def _train_once(out: Path, max_restarts: int, *flags: str) -> subprocess.CompletedProcess[str]:
+    """``tests/helpers/train_once.py`` on 2 ranks under torchrun (``flags``: its faults), to success."""
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **RESTART_SAFE_ENV}
+    torchrun = Path(sys.executable).parent / "torchrun"
+    command = [str(torchrun), "--standalone", "--nproc_per_node=2", f"--max-restarts={max_restarts}",
+               str(REPO_ROOT / "tests/helpers/train_once.py"), str(out), *flags]  # fmt: skip
+    result = run_group(command, timeout=300, env=env)  # torchrun and its workers stop on timeout too
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
 def test_a_hung_then_a_killed_rank_both_restart_and_resume_bit_exact(reference, tmp_path):
     """Rank 1 hangs at step 19: rank 0 gives up after collective_timeout_s (not gloo's 30 min),
     names where it waited and exits non-zero; torchrun restarts both ranks, which resume from step
@@ -172,13 +184,7 @@ def test_a_hung_then_a_killed_rank_both_restart_and_resume_bit_exact(reference, 
     where the uninterrupted run ends, and has the same losses step by step."""
     out, _ = reference
     faulty = tmp_path / "faulty"
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **RESTART_SAFE_ENV}
-    torchrun = Path(sys.executable).parent / "torchrun"
-    command = [str(torchrun), "--standalone", "--nproc_per_node=2", "--max-restarts=2",
-               str(REPO_ROOT / "tests/helpers/train_once.py"), str(faulty), "--hang-at", "19",
-               "--kill-at", "35", "--timeout", "4"]  # fmt: skip
-    result = run_group(command, timeout=300, env=env)  # torchrun and its workers stop on timeout too
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = _train_once(faulty, 2, "--hang-at", "19", "--kill-at", "35", "--timeout", "4")
     assert (faulty / "hung-once").exists() and (faulty / "killed-once").exists()
     assert "rank 0 waited over collective_timeout_s = 4 s for its peers at step 20" in result.stderr
     assert "Timed out waiting 4000ms" in result.stderr and "common/" in result.stderr
@@ -201,13 +207,7 @@ def test_a_run_through_data_loader_workers_is_killed_resumes_and_equals_the_in_p
     of the reference, which decoded in process."""
     out, _ = reference
     loaded = tmp_path / "loaded"
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **RESTART_SAFE_ENV}
-    torchrun = Path(sys.executable).parent / "torchrun"
-    command = [str(torchrun), "--standalone", "--nproc_per_node=2", "--max-restarts=1",
-               str(REPO_ROOT / "tests/helpers/train_once.py"), str(loaded), "--kill-at", "11",
-               "--data-workers", "2"]  # fmt: skip
-    result = run_group(command, timeout=300, env=env)
-    assert result.returncode == 0, result.stderr[-3000:]
+    _train_once(loaded, 1, "--kill-at", "11", "--data-workers", "2")
     run = json.loads((loaded / "run.json").read_text())
     assert run["resumed_at"] == [8] and run["config"]["data_workers"] == 2
     for rank in range(2):
