@@ -22,9 +22,9 @@ status=0
     echo "== $(date -u +%FT%TZ) git $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
     "$python" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'NO GPU')"
     echo "== pytest -m gpu"
-    timeout 240 "$python" -m pytest -q -m gpu -p no:cacheprovider tests/kernels || status=1
+    timeout 180 "$python" -m pytest -q -m gpu -p no:cacheprovider tests/kernels || status=1
     echo "== kernel benchmarks"
-    timeout 240 bash benchmarks/kernels/run_all.sh --repeats 9 || status=1
+    timeout 180 bash benchmarks/kernels/run_all.sh --repeats 9 || status=1
     echo "== paper-scale models on NCCL"
     gpus="$("$python" -c 'import torch; print(max(torch.cuda.device_count(), 1))')"
     timeout 180 "$python" -m torch.distributed.run --standalone --nproc_per_node "$gpus" \

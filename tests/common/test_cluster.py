@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -124,3 +126,49 @@ def test_cluster_flags_are_checked_before_anything_starts(tmp_path, monkeypatch,
         launch.main([str(pipeline), "r", "--out", str(tmp_path / "o"), *flags])
     assert message in str(stopped.value)
     assert not (tmp_path / "o").exists()
+
+
+@needs_netem
+def test_sigterm_to_a_cluster_launch_stops_every_agent_and_rank_and_removes_the_hosts(tmp_path):
+    """SIGTERM (what DVC or a scheduler sends) to a process running 2 emulated hosts: every agent
+    and every rank is gone, and so are the namespaces."""
+    worker = tmp_path / "hold.py"
+    worker.write_text(
+        f"import os, time\nopen({str(tmp_path / 'pids')!r}, 'a').write(f'{{os.getpid()}}\\n')\ntime.sleep(120)\n"
+    )
+    script = tmp_path / "cluster.py"
+    script.write_text(
+        "import json, sys\n"
+        f"sys.path.insert(0, {str(REPO_ROOT)!r})\n"
+        "from common import netem\n"
+        "with netem.terminate_as_exception():\n"
+        "    net = netem.VirtualNetwork(2, '1gbit')\n"
+        "    with net:\n"
+        "        print(json.dumps(net.namespaces + [net.switch]), flush=True)\n"
+        f"        netem.run_hosts(net, 2, [{str(worker)!r}])\n"
+    )
+    process = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    pids: list[int] = []
+    try:
+        assert process.stdout is not None
+        names = json.loads(process.stdout.readline())
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and len(pids) < 4:
+            time.sleep(0.2)
+            pids = (
+                [int(p) for p in (tmp_path / "pids").read_text().split()]
+                if (tmp_path / "pids").exists()
+                else []
+            )
+        assert len(pids) == 4, pids
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert set(names) & set(netem.list_namespaces()) == set()
+    time.sleep(1)
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2], (
+            pid
+        )
