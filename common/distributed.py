@@ -32,6 +32,22 @@ LAUNCHER_PID_ENV = "THINWIRE_LAUNCHER_PID"
 _PR_SET_PDEATHSIG = 1
 
 
+# torchrun (2.5+) shares its rendezvous TCPStore with the workers' init_process_group; after a
+# restart the workers then read the previous attempt's gloo addresses and fail to connect
+# ("Gloo connectFullMesh failed ... Connection refused"; pytorch/pytorch issue 135712). Every
+# launcher that lets torchrun restart ranks sets this (pipelines.launch, common.netem.run_hosts).
+RESTART_SAFE_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
+def kill_with_parent() -> int:
+    """Ask the kernel to SIGKILL this process when its parent dies (Linux ``PR_SET_PDEATHSIG``;
+    kept across ``exec``). Returns 0, or the errno of a failed ``prctl``."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    return 0 if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0 else ctypes.get_errno()
+
+
 def die_with_parent() -> None:
     """Have the kernel SIGKILL this launched worker when its parent (the launcher) dies (Linux).
 
@@ -39,12 +55,9 @@ def die_with_parent() -> None:
     """
     if "LOCAL_RANK" not in os.environ or not sys.platform.startswith("linux"):
         return
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
-        log.warning("prctl(PR_SET_PDEATHSIG) failed (errno %d): this worker may outlive its launcher",
-                    ctypes.get_errno())  # fmt: skip
+    errno = kill_with_parent()
+    if errno:
+        log.warning("prctl(PR_SET_PDEATHSIG) failed (errno %d): this worker may outlive its launcher", errno)
         return
     expected = os.environ.get(LAUNCHER_PID_ENV)
     parent = os.getppid()

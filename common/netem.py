@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from .costmodel import parse_rate as parse_rate  # re-exported for the launcher
-from .distributed import LAUNCHER_PID_ENV
+from .distributed import LAUNCHER_PID_ENV, RESTART_SAFE_ENV, kill_with_parent
 
 log = logging.getLogger(__name__)
 
@@ -405,14 +405,6 @@ def run_workers(
         _stop(processes)
 
 
-def _die_with_launcher() -> None:
-    """In a started agent before it execs: SIGKILL it when this launcher dies (Linux)."""
-    import ctypes
-    import signal
-
-    ctypes.CDLL(None).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
-
-
 def agent_command(
     network: VirtualNetwork,
     host: int,
@@ -489,7 +481,7 @@ def run_hosts(
         **(env or {}),
         "GLOO_SOCKET_IFNAME": IFNAME,
         "THINWIRE_NETWORK": cluster_label(network, ranks_per_host),
-        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",  # see pipelines.launch.RESTART_SAFE_ENV
+        **RESTART_SAFE_ENV,
     }
     host_env.setdefault("OMP_NUM_THREADS", "1")
     host_env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
@@ -504,7 +496,7 @@ def run_hosts(
             rdzv_id=rdzv_id,
             max_restarts=max_restarts,
         )
-        return subprocess.Popen(command, env=host_env, start_new_session=True, preexec_fn=_die_with_launcher)
+        return subprocess.Popen(command, env=host_env, start_new_session=True, preexec_fn=kill_with_parent)
 
     agents: list[subprocess.Popen[bytes]] = []
     try:

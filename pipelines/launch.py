@@ -51,7 +51,7 @@ import sys
 
 from common import netem
 from common.data import load_dataset
-from common.distributed import LAUNCHER_PID_ENV
+from common.distributed import LAUNCHER_PID_ENV, RESTART_SAFE_ENV
 from common.runlock import lock_run_folders
 from pipelines.common import INPUTS_ENV, quiet_environment
 from pipelines.train import (
@@ -254,12 +254,6 @@ def run_cluster(args: argparse.Namespace, max_restarts: int) -> int:
     )
     with netem.terminate_as_exception(), network:
         return netem.run_hosts(network, args.ranks_per_host, target, max_restarts=max_restarts)
-
-
-# torchrun (2.5+) shares its rendezvous TCPStore with the workers' init_process_group; after a
-# restart the workers then read the previous attempt's gloo addresses and fail to connect
-# ("Gloo connectFullMesh failed ... Connection refused"; pytorch/pytorch issue 135712).
-RESTART_SAFE_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
 if __name__ == "__main__":

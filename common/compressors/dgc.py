@@ -203,7 +203,7 @@ class DGC(SparseCompressor):
         num_samples, stride = self.sample_plan(numel)
         threshold = self._threshold(x_N, num_samples, stride, rng)
         threshold, selection, branch, iterations = self._adapt(x_N, threshold, k, num_samples == numel)
-        values_K, indices_K = self._truncate(x_N, threshold, selection, k, branch)
+        values_K, indices_K = self._truncate(selection, k, branch)
         self.last_selection = {
             "numel": numel,
             "k": k,
@@ -282,9 +282,7 @@ class DGC(SparseCompressor):
 
         return select, lambda selection: selection
 
-    def _truncate(
-        self, x_N: Tensor, threshold: Tensor, selection: Selection, k: int, branch: str
-    ) -> tuple[Tensor, Tensor]:
+    def _truncate(self, selection: Selection, k: int, branch: str) -> tuple[Tensor, Tensor]:
         """At most k of the selected entries: the largest (fallback, or ``truncation="magnitude"``)
         or those of lowest position (the code's ``indices[:num_selects]``)."""
         values_C, indices_C, count = selection

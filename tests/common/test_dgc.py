@@ -372,7 +372,7 @@ def test_position_truncation_equals_the_official_sparsify(case, resample):
             assert torch.equal(payload.wire["values"], values)
         grad = torch.empty(N)
         assert torch.equal(comp.decompress(payload), official_dgc.decompress(values, indices, grad))
-    assert branches <= {"within_bounds", "hierarchical_topk", "max_iterations"}
+    assert "exact" not in branches  # sampled at a stride, never whole: the code's adaptation ran
 
 
 def test_the_fused_rounds_select_what_the_mask_rounds_select():
