@@ -77,13 +77,13 @@ def sum_in_worker_order(values_W_N: torch.Tensor) -> torch.Tensor:
     Written out instead of ``sum(0)``, whose order is the backend's choice (a GPU tree reduction
     rounds differently). ``v_0 + 0.0`` is the kernels' zero-initialised first step in one op (it
     turns -0.0 into +0.0, exactly as ``0.0 + v_0`` does). The callers hand over a tensor of their
-    own (decoded for this sum): a single payload is summed in place.
+    own (decoded for this sum), so the sum is made in place in its first row and that row is
+    returned: no fresh N-entry tensor (on a CPU the fresh tensor's page faults cost as much as
+    the addition).
     """
     if values_W_N.shape[0] == 0:
         return values_W_N.new_zeros(values_W_N.shape[1])
-    if values_W_N.shape[0] == 1:  # one payload (a decompress): in place, no copy of N entries
-        return values_W_N[0].add_(0.0)
-    out_N = values_W_N[0] + 0.0
+    out_N = values_W_N[0].add_(0.0)
     for w in range(1, values_W_N.shape[0]):  # a loop over workers, vectorised over elements
         out_N += values_W_N[w]
     return out_N

@@ -498,6 +498,7 @@ class GradientSync:
                 else torch.zeros(0, device=device)
             )
         shared = self.compressor.needs.scaler_round == "max"
+        own = scalers.clone() if shared else scalers  # this rank's, checked against the agreed max
         if ternary and shared:
             with self.stats.phase("communicate", device):
                 all_reduce_max_(scalers, stats=self.stats, group=self.group)
@@ -506,7 +507,10 @@ class GradientSync:
         with self.stats.phase("compress", device):
             for j, i in enumerate(ternary):
                 step.payloads[i] = compressor.compress(
-                    compensated[i], self.unit_rng(units[i][0], device), scaler=scalers[j] if shared else None
+                    compensated[i],
+                    self.unit_rng(units[i][0], device),
+                    scaler=scalers[j] if shared else None,
+                    own=own[j],
                 )
                 if ef is not None:
                     step.sent[i] = self.compressor.decompress(step.payloads[i])

@@ -297,8 +297,15 @@ class ScaledCodes(Protocol):
         """This rank's 0-dim float32 scaler of ``x`` (what the ``"max"`` round agrees on)."""
         ...
 
-    def compress(self, x: Tensor, rng: CompressorRNG, scaler: Tensor | float | None = None) -> Payload:
-        """Codes of ``x`` at ``scaler`` (the agreed one; None: this rank's own)."""
+    def compress(
+        self,
+        x: Tensor,
+        rng: CompressorRNG,
+        scaler: Tensor | float | None = None,
+        own: Tensor | None = None,
+    ) -> Payload:
+        """Codes of ``x`` at ``scaler`` (the agreed one; None: this rank's own); ``own``: this rank's
+        :meth:`scaler` of ``x`` if already computed."""
         ...
 
     def codes(self, payload: Payload) -> Tensor:

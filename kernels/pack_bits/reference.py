@@ -83,18 +83,19 @@ def unpack_bits(packed_M: torch.Tensor, bits: int, numel: int) -> torch.Tensor:
     return codes[..., :numel].contiguous()
 
 
-# One dtype as wide as a table row of P fp32 values (bit patterns are only copied, never computed on).
-_ROW_DTYPES = {1: torch.float32, 2: torch.float64, 4: torch.complex128}
+# One dtype as wide as a table row, by its width in bytes (bit patterns are only copied, never
+# computed on).
+_ROW_DTYPES = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.float64, 16: torch.complex128}
 
 
 def lookup_bytes(table_256_P: torch.Tensor, packed_M: torch.Tensor) -> torch.Tensor:
-    """``table[packed]`` for a contiguous ``[256, P]`` fp32 table: ``[..., M]`` bytes -> ``[..., M * P]``.
+    """``table[packed]`` for a contiguous ``[256, P]`` table: ``[..., M]`` bytes -> ``[..., M * P]``.
 
-    Decodes packed payloads with one gather per byte. Each row is gathered as a single
-    ``4 * P``-byte element (fp32, float64 or complex128 bit patterns) by a 1-D ``index_select``,
-    which measured 4-10x faster on CPU than gathering ``[256, P]`` rows.
+    Decodes packed payloads with one gather per byte. Each row is gathered as a single element as
+    wide as the row (``P`` fp32 values: 4, 8 or 16 bytes; ``P`` int8 values: 1, 2 or 4 bytes) by a
+    1-D ``index_select``, which measured 4-10x faster on CPU than gathering ``[256, P]`` rows.
     """
     per_byte = table_256_P.shape[1]
-    rows_256 = table_256_P.view(_ROW_DTYPES[per_byte]).view(256)
+    rows_256 = table_256_P.view(_ROW_DTYPES[per_byte * table_256_P.element_size()]).view(256)
     values = rows_256.index_select(0, packed_M.reshape(-1).to(torch.int32))
-    return values.view(torch.float32).view(*packed_M.shape[:-1], packed_M.shape[-1] * per_byte)
+    return values.view(table_256_P.dtype).view(*packed_M.shape[:-1], packed_M.shape[-1] * per_byte)

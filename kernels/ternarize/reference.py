@@ -29,7 +29,9 @@ def ternary_codes(
     g_N = g_N.to(torch.float32)
     keep_N = mul_by_bucket(noise_N, scaler_B, bucket_size) < g_N.abs()
     # 1 << 0 = 1 for g > 0, 1 << 1 = 2 for g < 0, 0 where not kept (bool viewed as 0 / 1 bytes).
-    return keep_N.view(torch.uint8) << (g_N < 0).view(torch.uint8)
+    # The sign bit rather than g < 0 (a third faster on CPU): they differ on -0.0 and NaN only,
+    # which are never kept.
+    return keep_N.view(torch.uint8) << torch.signbit(g_N).view(torch.uint8)
 
 
 def ternarize(
@@ -47,6 +49,31 @@ def byte_to_ternary(device: torch.device) -> torch.Tensor:
     return (codes_256_4 & 1).to(torch.float32) - (codes_256_4 >> 1).to(torch.float32)
 
 
+#: Up to this many workers sharing one scaler s, ``s * (t_0 + ... + t_{W-1})`` (an integer sum,
+#: one rounding) equals the worker-order fp32 sum: its partial sums ``s * k`` with ``|k| <= 2`` are
+#: exact (``2 s`` is), so only the last addition rounds, to ``round(s * K)``. From 4 on a partial
+#: ``round(3 s) + s`` may round differently from ``4 s``.
+EXACT_CODE_SUM_WORKERS = 3
+
+
+def _one_scaler(scalers_W_B: torch.Tensor) -> torch.Tensor | None:
+    """The 0-dim scaler every payload shares (per tensor, on a CPU, at most
+    ``EXACT_CODE_SUM_WORKERS`` of them), if it is positive and small enough that ``4 s`` is finite;
+    else None. On a CPU the comparison's host read is free."""
+    num_workers, num_scalers = scalers_W_B.shape
+    if not 2 <= num_workers <= EXACT_CODE_SUM_WORKERS or num_scalers != 1 or scalers_W_B.device.type != "cpu":
+        return None
+    s = scalers_W_B[0, 0]
+    finite_max = torch.finfo(torch.float32).max / 4
+    return s if bool((scalers_W_B == s).all() & (s > 0) & (s <= finite_max)) else None
+
+
+@functools.cache
+def byte_to_ternary_int8(device: torch.device) -> torch.Tensor:
+    """:func:`byte_to_ternary` as int8."""
+    return byte_to_ternary(device).to(torch.int8)
+
+
 def ternary_decode_accumulate(
     packed_W_M: torch.Tensor, scalers_W_B: torch.Tensor, numel: int, bucket_size: int
 ) -> torch.Tensor:
@@ -54,7 +81,17 @@ def ternary_decode_accumulate(
 
     The order is fixed (and matches the kernel), so both backends round identically. All payloads
     are decoded at once through a 256-entry byte table (one gather per byte, no unpacking pass).
+    With one shared scaler (TernGrad's ``max_scalers``) and at most ``EXACT_CODE_SUM_WORKERS``
+    payloads, the codes are summed as int8 and scaled once: the same values bit for bit (see the
+    constant), at a quarter of the bytes gathered (on a CPU, 3x faster at 2 workers).
     """
+    shared = _one_scaler(scalers_W_B)
+    if shared is not None:
+        codes_W_N = pack_ref.lookup_bytes(byte_to_ternary_int8(packed_W_M.device), packed_W_M)[:, :numel]
+        code_sum_N = codes_W_N[0] + codes_W_N[1]
+        for w in range(2, codes_W_N.shape[0]):
+            code_sum_N += codes_W_N[w]
+        return code_sum_N.to(torch.float32).mul_(shared)
     table_256_4 = byte_to_ternary(packed_W_M.device)
     values_W_N = pack_ref.lookup_bytes(table_256_4, packed_W_M)[:, :numel]
     # values are in {-1, 0, 1}: s * value is exact, so the product adds no rounding.

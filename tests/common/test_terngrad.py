@@ -139,6 +139,21 @@ def test_scaler_below_max_is_rejected():
     with pytest.raises(ValueError, match="scaler must be >= this rank's own scaler"):
         comp.compress(x, CompressorRNG(0, 0), scaler=float("nan"))
     comp.compress(x, CompressorRNG(0, 0), scaler=m * (1 - 1e-7))  # float slack is allowed
+    # The caller's own scaler (the transport has it from the max round) is the one checked.
+    own = torch.tensor(2 * m)
+    with pytest.raises(ValueError, match=f"own scaler {own.item():.9g} "):
+        comp.compress(x, CompressorRNG(0, 0), scaler=m, own=own)
+
+
+@pytest.mark.parametrize("clip_at", ["shared", "own"])
+def test_given_own_scaler_gives_the_same_codes(clip_at: str):
+    comp = TernGrad(clip_at=clip_at)
+    x = _randn(1000, seed=4)
+    for shared in (None, 1.5 * float(comp.scaler(x))):
+        plain = comp.compress(x, CompressorRNG(5, 1), scaler=shared)
+        given = comp.compress(x, CompressorRNG(5, 1), scaler=shared, own=comp.scaler(x))
+        assert torch.equal(plain.wire["codes"], given.wire["codes"])
+        assert torch.equal(plain.wire["scaler"], given.wire["scaler"])
 
 
 def test_determinism_ranks_and_global_rng():

@@ -7,6 +7,8 @@ import math
 import pytest
 import torch
 
+from kernels.pack_bits import reference as pack_ref
+from kernels.ternarize import reference as ternarize_ref
 from kernels.ternarize import ternarize, ternary_decode_accumulate
 from tests.kernels.helpers import DTYPES, LARGE_SIZE, SIZES, assert_unbiased, global_rng_untouched
 
@@ -51,6 +53,38 @@ def test_decode_accumulate_bit_exact(numel: int, gen, interpreted) -> None:
     )
     got = ternary_decode_accumulate(packed, scalers_B, numel, bucket_size=bucket_size, backend="triton")
     assert torch.equal(got, expected)
+
+
+def _worker_order_sum(packed_W_M: torch.Tensor, scalers_W: torch.Tensor, numel: int) -> torch.Tensor:
+    """((0 + s_0 t_0) + s_1 t_1) + ... in fp32, written out from the unpacked codes."""
+    codes_W_N = pack_ref.unpack_bits(packed_W_M, 2, numel)
+    values_W_N = (codes_W_N == 1).float() - (codes_W_N == 2).float()  # code 3 decodes to 0
+    total = torch.zeros(numel)
+    for w in range(packed_W_M.shape[0]):
+        total = total + values_W_N[w] * scalers_W[w]
+    return total
+
+
+@pytest.mark.parametrize("num_workers", [2, 3, 4])
+@pytest.mark.parametrize("scaler", [0.7, 1 / 3, 2.0**-140, 1e-30, torch.finfo(torch.float32).max / 4, 0.0])
+def test_shared_scaler_sum_equals_worker_order(num_workers: int, scaler: float, gen, interpreted) -> None:
+    """One scaler shared by every payload: the reference sums int8 codes and scales once (up to 3
+    workers, where that rounds as the worker-order sum) and falls back beyond; the bytes cover
+    every code (3 too), the scalers full mantissas, subnormals, the largest allowed and 0
+    (which takes the general path). Equal bit for bit, sign of zero included, to the written-out sum
+    and to the Triton kernel."""
+    numel = 4099
+    packed = torch.randint(0, 256, (num_workers, math.ceil(numel / 4)), generator=gen, dtype=torch.uint8)
+    scalers = torch.full((num_workers,), scaler, dtype=torch.float32)
+    fast = ternarize_ref._one_scaler(scalers.reshape(-1, 1)) is not None
+    assert fast == (num_workers <= ternarize_ref.EXACT_CODE_SUM_WORKERS and scaler > 0)
+    got = ternary_decode_accumulate(packed, scalers, numel, backend="reference")
+    expected = _worker_order_sum(packed, scalers, numel)
+    assert torch.equal(got.nan_to_num(), expected.nan_to_num())
+    assert torch.equal(torch.signbit(got), torch.signbit(expected))
+    assert torch.equal(
+        ternary_decode_accumulate(packed, scalers, numel, backend="triton").nan_to_num(), got.nan_to_num()
+    )
 
 
 def test_large_round_trip(gen, interpreted) -> None:
