@@ -93,6 +93,21 @@ def ternary_decode_accumulate(
             code_sum_N += codes_W_N[w]
         return code_sum_N.to(torch.float32).mul_(shared)
     table_256_4 = byte_to_ternary(packed_W_M.device)
+    num_workers, num_scalers = scalers_W_B.shape
+    if num_scalers == 1:
+        # Per tensor: worker w's bytes index its own copy of the table scaled by s_w, whose entries
+        # are the products s_w * value the elementwise multiply would make: the gather is that
+        # multiply, without its pass over W x N values.
+        tables_WT_4 = (scalers_W_B.reshape(-1, 1, 1) * table_256_4).reshape(num_workers * 256, 4)
+        index_W_M = packed_W_M.to(torch.int32)
+        if num_workers > 1:
+            index_W_M += torch.arange(0, 256 * num_workers, 256, dtype=torch.int32, device=index_W_M.device)[
+                :, None
+            ]
+        values_W_N = pack_ref.gather_rows(tables_WT_4, index_W_M)[:, :numel]
+        if num_workers == 1 and scalers_W_B.device.type == "cpu" and bool(scalers_W_B[0, 0] > 0):
+            return values_W_N[0]  # s > 0: no -0.0 for the kernel's 0.0 + v to turn into +0.0
+        return sum_in_worker_order(values_W_N)
     values_W_N = pack_ref.lookup_bytes(table_256_4, packed_W_M)[:, :numel]
     # values are in {-1, 0, 1}: s * value is exact, so the product adds no rounding.
     mul_by_bucket(values_W_N, scalers_W_B, bucket_size, out=values_W_N)
