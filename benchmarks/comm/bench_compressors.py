@@ -33,8 +33,11 @@ from pathlib import Path
 import torch
 from _bench_util import git_sha, now_iso
 
-from common.compressors import Compressor, CompressorRNG, build_compressor
-from tests.helpers import official_dgc as official
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))  # the official DGC code lives in tests/helpers, which is not installed
+
+from common.compressors import Compressor, CompressorRNG, build_compressor  # noqa: E402
+from tests.helpers import official_dgc as official  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "compressors.md"
 SIZES = (10**5, 10**6, 10**7)
