@@ -39,7 +39,7 @@ test: lint
 
 repro: $(STAMP)
 	$(VENV)/bin/dvc config core.analytics false
-	$(VENV)/bin/dvc repro
+	$(VENV)/bin/dvc repro --allow-missing
 
 # Load every committed run (results/) into the local MLflow store, then: mlflow ui (see README).
 mlflow: $(STAMP)

@@ -16,6 +16,10 @@ restarted by torchrun continues bit-exactly. Rank 0 writes, atomically, into ``o
 - ``run.json``: MLflow run id, git sha, config fingerprint and the config;
 - ``model.pt``: the final model's state as evaluated (the evaluate stage reads it; not committed).
 
+``model.pt`` and the checkpoints (``ckpt/``) go to ``artifacts_dir`` when one is given (the
+pipelines keep them out of the committed results folder, so that a fresh clone, which lacks them,
+holds every training stage's outputs complete; ``run.json`` records where, relative to ``out_dir``).
+
 Recipe settings the loop applies to every method alike: label smoothing of the training loss,
 local gradient clipping before anything is sent, bf16 autocast and channels_last for compute.
 """
@@ -227,23 +231,37 @@ def evaluate(
     return out
 
 
+def trained_model_file(out_dir: str | Path) -> Path:
+    """A finished run's ``model.pt``: in its folder, or in the artifacts folder its ``run.json``
+    names; FileNotFoundError naming what is missing and how to make it."""
+    import json
+
+    out_dir = Path(out_dir)
+    if not (out_dir / "run.json").exists():
+        raise FileNotFoundError(f"{out_dir} has no run.json: train the run first (its train stage writes it)")
+    artifacts = json.loads((out_dir / "run.json").read_text()).get("artifacts", ".")
+    model_file = (out_dir / artifacts / MODEL_FILE).resolve() if artifacts != "." else out_dir / MODEL_FILE
+    if not model_file.exists():
+        raise FileNotFoundError(
+            f"{out_dir} has no {MODEL_FILE} (looked for {model_file}): checkpoints and final models are "
+            "not committed; train the run again here (dvc repro -f <its train stage>) to make it"
+        )
+    return model_file
+
+
 def evaluate_trained(out_dir: str | Path, *, eval_limit: int | None = None) -> dict[str, float]:
     """Rebuild a finished run from its folder (``run.json``'s config, ``model.pt``) in this process
     and evaluate it on its data set's test split (the whole split unless ``eval_limit``): the
     evaluate stage's measurement, independent of the subset the training curve was evaluated on."""
     out_dir = Path(out_dir)
-    missing = [name for name in ("run.json", MODEL_FILE) if not (out_dir / name).exists()]
-    if missing:
-        raise FileNotFoundError(
-            f"{out_dir} has no {' or '.join(missing)}: train the run first (its train stage writes both)"
-        )
+    model_file = trained_model_file(out_dir)
     import json
 
     config = RunConfig.from_dict(json.loads((out_dir / "run.json").read_text())["config"])
     test_set = load_dataset(config.dataset, "test", limit=eval_limit, seq_len=config.seq_len)
     torch.manual_seed(config.seed)
     model = _build_model(config, test_set)
-    model.load_state_dict(torch.load(out_dir / MODEL_FILE, map_location="cpu", weights_only=True))
+    model.load_state_dict(torch.load(model_file, map_location="cpu", weights_only=True))
     if config.channels_last:
         model = model.to(memory_format=torch.channels_last)
     ctx = DistContext(rank=0, world_size=1, local_rank=0, backend="gloo", device=torch.device("cpu"))
@@ -295,6 +313,7 @@ class _Run:
     resumed_at: list[int] = field(default_factory=list)  # the steps this run was resumed from (restarts)
     step_seconds: float = 0.0  # the last step's time (StepInfo.seconds)
     loss_scaler: LossScaler | None = None  # precision fp16
+    artifacts_dir: Path = Path()  # model.pt and ckpt/ (train() sets it: out_dir unless given)
 
     def checkpoint_state(self, tracking_partial: bool) -> dict[str, Any]:
         return {
@@ -342,13 +361,15 @@ def train(
     callbacks: Sequence[Callback] = (),
     ctx: DistContext | None = None,
     data: tuple[Dataset, Dataset] | None = None,
+    artifacts_dir: str | Path | None = None,
 ) -> dict[str, float]:
     """Train ``config`` on the ranks of the current process group; return the final metrics.
 
     ``experiment`` names the MLflow experiment (None: no tracking). ``strategy`` defaults to the
     one ``config.strategy`` names (:func:`default_strategy`). ``data``: the training and test splits
     already loaded as ``config`` would load them (a stage that trains several runs on the same data
-    loads it once; sparse AxoNN's stage measures each run's memory without it).
+    loads it once; sparse AxoNN's stage measures each run's memory without it). ``artifacts_dir``:
+    where ``model.pt`` and ``ckpt/`` go (default ``out_dir``).
     """
     ctx = ctx or init_from_env(timeout_s=config.collective_timeout_s)
     if ctx.world_size != get_world_size():
@@ -356,8 +377,9 @@ def train(
             f"process group has {get_world_size()} ranks but the context says {ctx.world_size}"
         )
     run = _build_run(config, ctx, Path(out_dir), strategy, data)
+    run.artifacts_dir = Path(artifacts_dir) if artifacts_dir is not None else run.out_dir
     checkpointer = Checkpointer(
-        run.out_dir / "ckpt",
+        run.artifacts_dir / "ckpt",
         config.fingerprint(),
         rank=ctx.rank,
         world_size=ctx.world_size,
@@ -632,8 +654,8 @@ def _evaluate_step(run: _Run, tracker: Tracker, epoch: int) -> dict[str, float]:
     with run.strategy.evaluating(run.model) as model:
         result = evaluate(model, run.test_set, ctx, batch_size=max(config.batch_size, 256), config=config)
         if run.step == run.total_steps and ctx.is_main:
-            run.out_dir.mkdir(parents=True, exist_ok=True)
-            atomic_write(run.out_dir / MODEL_FILE, lambda p: torch.save(model.state_dict(), p))
+            run.artifacts_dir.mkdir(parents=True, exist_ok=True)
+            atomic_write(run.artifacts_dir / MODEL_FILE, lambda p: torch.save(model.state_dict(), p))
     # wall_seconds: training time so far (steps only, not evaluation): time-to-accuracy
     run.eval_rows.append({"step": run.step, "epoch": epoch, "wall_seconds": run.elapsed, **result})
     tracker.log_metrics(result, run.step)
@@ -704,6 +726,8 @@ def _write_outputs(
         # the steps a restarted run resumed from (empty: it ran through in one go)
         "resumed_at": run.resumed_at,
     }
+    if run.artifacts_dir != out_dir:  # model.pt and ckpt/ elsewhere: where, from this folder
+        run_info["artifacts"] = os.path.relpath(run.artifacts_dir, out_dir)
     atomic_write_json(out_dir / "run.json", run_info)
     tracker.log_metrics({f"final_{k}": v for k, v in metrics.items() if math.isfinite(v)}, run.step)
     for name in ("metrics.json", "plot.png", "train_curve.csv", "eval_curve.csv", "run.json"):

@@ -27,7 +27,14 @@ from typing import Any
 
 from common import costmodel, netem
 from common.fileio import atomic_write, atomic_write_json, atomic_write_text
-from pipelines.common import RESULTS_DIR, load_params, quiet_environment, run_config, setup_logging
+from pipelines.common import (
+    RESULTS_DIR,
+    artifacts_for,
+    load_params,
+    quiet_environment,
+    run_config,
+    setup_logging,
+)
 
 PIPELINE = "leaderboard"
 OUT = RESULTS_DIR / "costmodel"
@@ -78,6 +85,7 @@ def worker(rate: str, scale: str | None) -> None:
             train(
                 config,
                 run_dir(rate, ctx.world_size, method),
+                artifacts_dir=artifacts_for(run_dir(rate, ctx.world_size, method)),
                 experiment="costmodel",
                 run_name=f"{method}@{rate}x{ctx.world_size}",
                 tags={"pipeline": "calibrate", "method": method},

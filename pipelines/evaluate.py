@@ -2,15 +2,16 @@
 
     python -m pipelines.evaluate suite cifar_3
 
-reads ``results/<pipeline>/runs/<group>/<run>/seed<k>/`` (``run.json`` and ``model.pt``, the model
-as the training run last evaluated it), rebuilds each model in this process, evaluates it on its
+reads ``results/<pipeline>/runs/<group>/<run>/seed<k>/run.json`` and the ``model.pt`` it points to
+(under ``artifacts/``, git-ignored: the model as the training run last evaluated it), rebuilds each model in this process, evaluates it on its
 data set's entire test split and writes ``results/<pipeline>/evaluations/<group>/<run>/seed<k>.json``.
 Each evaluation is its own MLflow run in the pipeline's experiment, named ``<run>-seed<k>-evaluate``,
 nested under its training run (``mlflow.parentRunId``) and tagged with that run's id, so the
 training curve and the final measurement sit side by side in the UI.
 
-A run folder without ``model.pt`` (trained before this stage existed, or its checkpoints not
-pulled) fails the stage with the folder named: a stale result is never reported as evaluated.
+A run without ``model.pt`` (a fresh clone: final models are not committed; DVC reruns this stage
+only when its run folders change, i.e. after their training ran here) fails the stage with the
+folder named: a stale result is never reported as evaluated.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from common.fileio import atomic_write_json
 from common.tracking import Tracker, git_sha
-from common.train import MODEL_FILE, evaluate_trained
+from common.train import MODEL_FILE, evaluate_trained, trained_model_file
 from pipelines.common import RESULTS_DIR, load_params, quiet_environment, setup_logging
 
 
@@ -58,11 +59,16 @@ def evaluate_group(
             f"error: no trained runs in {runs_dir}: run the group's train stage first "
             f"(dvc repro pipelines/{pipeline}/dvc.yaml)"
         )
-    missing = [str(f) for f in folders if not (f / MODEL_FILE).exists()]
+    missing = []
+    for folder in folders:
+        try:
+            trained_model_file(folder)
+        except FileNotFoundError:
+            missing.append(str(folder))
     if missing:
         raise SystemExit(
-            f"error: no {MODEL_FILE} in {', '.join(missing)}: retrain those runs (their train stage "
-            "writes the final model)"
+            f"error: no {MODEL_FILE} for {', '.join(missing)} (final models are not committed): "
+            "retrain those runs here (dvc repro -f <their train stage>) to make them"
         )
     out_root = root / "evaluations" / group
     sha = git_sha()

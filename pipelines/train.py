@@ -22,6 +22,7 @@ from common.config import RunConfig, check_stop_at
 from common.distributed import init_from_env, shutdown
 from common.train import StepInfo, train
 from pipelines.common import (
+    artifacts_for,
     inputs_dir,
     load_params,
     pipeline_name,
@@ -176,6 +177,7 @@ def main(argv: list[str] | None = None) -> None:
                 "callbacks": callbacks,
                 "ctx": ctx,
             }
+            arguments["artifacts_dir"] = str(artifacts_for(repeat_dir))  # results/ -> artifacts/
             if stage is None:
                 metrics = train(repeat_config, repeat_dir, **arguments)
             else:

@@ -54,7 +54,7 @@ from common.pruning import pruned_nonzero as count_pruned_nonzero
 from common.sparse_compute import SparseLinear, to_sparse_compute
 from common.strategies import PipelineDataParallel
 from common.tracking import Tracker
-from common.train import MODEL_FILE, StepInfo, train
+from common.train import StepInfo, train, trained_model_file
 
 from .config import RunSpec, ScaleConfig
 from .model import build_gpt2, evaluate, load_split
@@ -305,10 +305,11 @@ def train_paper_run(
     run_name: str | None = None,
     tags: dict[str, str] | None = None,
     callbacks: list[Any] | None = None,
+    artifacts_dir: Path | str | None = None,
 ) -> dict[str, Any]:
     """Train one run on this rank's stage into ``folder``; rank 0 writes (and returns) the stage's
     metrics, the other ranks return the loop's. ``thinwire``: the run's config in the loop (default
-    :func:`run_config` of ``spec`` on this world)."""
+    :func:`run_config` of ``spec`` on this world); ``artifacts_dir``: the loop's (model.pt, ckpt/)."""
     peak_reset = reset_peak_rss()
     rss_start = _status_bytes("VmRSS")
     run = thinwire or run_config(spec, config, ctx.world_size, prune_dir, len(data["train"]))
@@ -326,6 +327,7 @@ def train_paper_run(
         callbacks=[recorder, *(callbacks or [])],
         ctx=ctx,
         data=(data["train"], data["test"]),  # loaded once, before the runs: not a run's memory
+        artifacts_dir=artifacts_dir,
     )
     wall = time.perf_counter() - start
     assert strategy.grid is not None and strategy.trainer is not None
@@ -384,7 +386,7 @@ def _finish(
     masks = load_run_masks(prune_dir, config, spec, model)
     if spec.method == "sputnik":
         to_sparse_compute(model, masks)
-    saved = torch.load(folder / MODEL_FILE, map_location="cpu", weights_only=True)
+    saved = torch.load(trained_model_file(folder), map_location="cpu", weights_only=True)
     model.load_state_dict({k.removeprefix("gpt2."): v for k, v in saved.items()})
     # Pruned weights of the dense layers (all of them for sparse AxoNN; the embeddings for the
     # Sputnik-like model, whose CSR layers have no pruned entries at all).
@@ -495,6 +497,7 @@ def train_run(
     tags: dict[str, str],
     callbacks: list[Any],
     ctx: DistContext,
+    artifacts_dir: str | None = None,
 ) -> dict[str, Any]:
     """One run on this rank (``pipelines.train`` calls this for the pipeline): the thinwire loop with
     this stage's measurements; returns rank 0's metrics (the others: the loop's own)."""
@@ -513,4 +516,5 @@ def train_run(
         run_name=run_name,
         tags=tags,
         callbacks=callbacks,
+        artifacts_dir=artifacts_dir,
     )

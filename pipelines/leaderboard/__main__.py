@@ -44,7 +44,7 @@ from common import costmodel, netem
 from common.fileio import atomic_write_json, atomic_write_text
 from common.plots import method_color
 from pipelines.claims import Runs, finite, load_runs, suite_tasks
-from pipelines.common import RESULTS_DIR, load_params, quiet_environment, setup_logging
+from pipelines.common import RESULTS_DIR, artifacts_for, load_params, quiet_environment, setup_logging
 from pipelines.report import log_report, read_csv, save_panels
 
 PIPELINE = "leaderboard"
@@ -129,7 +129,7 @@ def launch_shaped(runs: list[str], rate: str, out: Path, scale: str | None, stop
     # Always a fresh measurement: a complete checkpoint from an earlier code version is never resumed,
     # but a partial one would be; the folder is this stage's own output.
     for run in runs:
-        shutil.rmtree(out / run / "seed0" / "ckpt", ignore_errors=True)
+        shutil.rmtree(artifacts_for(out / run / "seed0") / "ckpt", ignore_errors=True)
     command = [sys.executable, "-m", "pipelines.launch", "suite", ",".join(runs), "--seeds", "0"]
     command += ["--net-bandwidth", rate, "--out", str(out), "--stop-at", stop]  # into <out>/<run>/seed0
     command += ["--scale", scale] if scale else []

@@ -230,3 +230,44 @@ def test_unreachable_mlflow_costs_one_warning_and_training_goes_on(tmp_path, mon
     warnings = [r for r in caplog.records if "unreachable" in r.getMessage()]
     assert len(warnings) == 1 and str(port) in warnings[0].getMessage()
     assert json.loads((tmp_path / "metrics.json").read_text())["steps"] == metrics["steps"] == 8
+
+
+def test_artifacts_dir_holds_model_and_checkpoints_and_evaluate_finds_them(tmp_path):
+    """With ``artifacts_dir`` (the pipelines: results/X -> artifacts/X) ``model.pt`` and ``ckpt/``
+    go there and the results folder holds only what is committed, so a fresh clone has it whole;
+    ``run.json`` says where, relative to the folder, and ``evaluate_trained`` reads the model from
+    there; without it, an error that says why and what to do."""
+    from common.train import MODEL_FILE, evaluate_trained
+
+    config = RunConfig.from_dict({**CONFIG, "epochs": 1, "world_size": 1, "train_limit": 128, "compressor": "identity",
+                                  "compressor_options": {}, "error_feedback": False, "checkpoint_every": 4})  # fmt: skip
+    ctx = DistContext(rank=0, world_size=1, local_rank=0, backend="gloo", device=torch.device("cpu"))
+    out, artifacts = tmp_path / "results" / "run", tmp_path / "artifacts" / "run"
+    train(config, out, ctx=ctx, artifacts_dir=artifacts)
+    assert (artifacts / MODEL_FILE).is_file() and any((artifacts / "ckpt").iterdir())
+    assert sorted(p.name for p in out.iterdir()) == [
+        "eval_curve.csv", "metrics.json", "plot.png", "run.json", "train_curve.csv"
+    ]  # fmt: skip
+    assert json.loads((out / "run.json").read_text())["artifacts"] == os.path.join(
+        "..", "..", "artifacts", "run"
+    )
+    result = evaluate_trained(out, eval_limit=64)
+    assert result["test_examples"] == 64 and 0.0 <= result["test_accuracy"] <= 1.0
+    shutil.rmtree(artifacts)
+    with pytest.raises(FileNotFoundError, match=r"has no model\.pt .*not committed"):
+        evaluate_trained(out)
+
+
+def test_pipeline_runs_under_results_keep_artifacts_under_artifacts(monkeypatch, tmp_path):
+    """``pipelines.common.artifacts_for``: a folder below results/ maps to the same place below
+    artifacts/; any other folder (a hand run's --out) keeps its own."""
+    import pipelines.common as pc
+
+    monkeypatch.setattr(pc, "RESULTS_DIR", tmp_path / "results")
+    monkeypatch.setattr(pc, "ARTIFACTS_DIR", tmp_path / "artifacts")
+    run = tmp_path / "results" / "suite" / "runs" / "cifar_3" / "cifar_fp32" / "seed0"
+    assert (
+        pc.artifacts_for(run)
+        == tmp_path / "artifacts" / "suite" / "runs" / "cifar_3" / "cifar_fp32" / "seed0"
+    )
+    assert pc.artifacts_for(tmp_path / "scratch" / "x") == tmp_path / "scratch" / "x"

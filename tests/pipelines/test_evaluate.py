@@ -31,5 +31,7 @@ def test_a_leftover_without_its_model_no_longer_fails_the_stage_but_a_run_does(t
     with pytest.raises(SystemExit, match="no trained runs in"):
         evaluate_group("terngrad", "cifar", root=root, track=False)
     _trained(root / "runs" / "cifar", "cifar_noclip", 0)
-    with pytest.raises(SystemExit, match=r"no model.pt in .*cifar_noclip/seed0: retrain"):
+    with pytest.raises(
+        SystemExit, match=r"no model.pt for .*cifar_noclip/seed0 \(final models are not committed\): retrain"
+    ):
         evaluate_group("terngrad", "cifar", root=root, track=False)
