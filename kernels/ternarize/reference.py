@@ -29,7 +29,7 @@ def ternary_codes(
     g_N = g_N.to(torch.float32)
     keep_N = mul_by_bucket(noise_N, scaler_B, bucket_size) < g_N.abs()
     # 1 << 0 = 1 for g > 0, 1 << 1 = 2 for g < 0, 0 where not kept (bool viewed as 0 / 1 bytes).
-    # The sign bit rather than g < 0 (a third faster on CPU): they differ on -0.0 and NaN only,
+    # The sign bit rather than g < 0 (a quarter faster on CPU): they differ on -0.0 and NaN only,
     # which are never kept.
     return keep_N.view(torch.uint8) << torch.signbit(g_N).view(torch.uint8)
 
@@ -83,7 +83,7 @@ def ternary_decode_accumulate(
     are decoded at once through a 256-entry byte table (one gather per byte, no unpacking pass).
     With one shared scaler (TernGrad's ``max_scalers``) and at most ``EXACT_CODE_SUM_WORKERS``
     payloads, the codes are summed as int8 and scaled once: the same values bit for bit (see the
-    constant), at a quarter of the bytes gathered (on a CPU, 3x faster at 2 workers).
+    constant), at a quarter of the bytes gathered (ResNet-18's tensors at 2 workers on a CPU: 65 -> 34 ms).
     """
     shared = _one_scaler(scalers_W_B)
     if shared is not None:
