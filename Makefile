@@ -32,7 +32,7 @@ $(STAMP): requirements.txt pyproject.toml
 lint: $(STAMP)
 	$(VENV)/bin/ruff check common kernels papers pipelines tests benchmarks examples
 	$(VENV)/bin/ruff format --check common kernels papers pipelines tests benchmarks examples
-	$(VENV)/bin/mypy common kernels papers
+	$(VENV)/bin/mypy common kernels papers pipelines
 
 test: lint
 	$(PY) -m pytest

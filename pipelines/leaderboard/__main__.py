@@ -277,8 +277,9 @@ def collect(
     extrapolation: list[dict[str, Any]] = []
     used = params
     if params is not None:
-        if cfg.extrapolation.get("alpha_us") is not None:  # an assumed cluster latency (params.yaml)
-            used = dataclasses.replace(params, alpha=float(cfg.extrapolation["alpha_us"]) * 1e-6)
+        assumed = cfg.extrapolation.get("alpha_us")  # an assumed cluster latency (params.yaml)
+        extrapolated = params if assumed is None else dataclasses.replace(params, alpha=float(assumed) * 1e-6)
+        used = extrapolated
         profiles = [
             profile(
                 m,
@@ -289,7 +290,7 @@ def collect(
         ]
         extrapolation = costmodel.extrapolate(
             profiles,
-            used,
+            extrapolated,
             workers=[int(w) for w in cfg.extrapolation.get("workers", (64, 128, 256, 512))],
             rates=[
                 costmodel.parse_rate(r)
