@@ -43,7 +43,7 @@ def small_cnn() -> nn.Module:
     )  # fmt: skip
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -56,10 +56,12 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--checkpoint", default=None, help="save at the end; resume from it if it exists")
     parser.add_argument("--dgc-step", action="store_true", help="DGC's step (momentum correction) in DDP")
-    args = parser.parse_args()
+    return parser.parse_args(argv)
 
-    dist.init_process_group("gloo")  # NCCL on GPUs
-    rank, world = dist.get_rank(), dist.get_world_size()
+
+def train(args: argparse.Namespace, rank: int, world: int) -> dict:
+    """Train (resuming from ``args.checkpoint`` if it exists, saving there at the end) in the
+    process group this process has joined; returns what rank 0 prints."""
     torch.manual_seed(0)
     model = DistributedDataParallel(small_cnn())
     sync: DGCDataParallel | GradientSync
@@ -104,13 +106,21 @@ def main() -> None:
              "sync": sync.state_dict(), "step": start + args.steps},
             args.checkpoint,
         )  # fmt: skip
+    dist.barrier()  # the checkpoint is whole before any rank returns (and may start again from it)
     summary = sync.stats.summary()
-    if rank == 0:
-        print(json.dumps({
-            "compressor": "dgc-step" if args.dgc_step else args.compressor or "terngrad", "steps": start + args.steps, "world_size": world,
-            "test_accuracy": float(correct[0] / correct[1]),
-            "bits_per_step": summary["bits_per_step"], "compression_factor": summary["compression_factor"],
-        }))  # fmt: skip
+    return {
+        "compressor": "dgc-step" if args.dgc_step else args.compressor or "terngrad", "steps": start + args.steps, "world_size": world,
+        "test_accuracy": float(correct[0] / correct[1]),
+        "bits_per_step": summary["bits_per_step"], "compression_factor": summary["compression_factor"],
+    }  # fmt: skip
+
+
+def main() -> None:
+    args = parse_args()
+    dist.init_process_group("gloo")  # NCCL on GPUs
+    result = train(args, dist.get_rank(), dist.get_world_size())
+    if dist.get_rank() == 0:
+        print(json.dumps(result))
     dist.destroy_process_group()
 
 

@@ -1,14 +1,21 @@
-"""The examples run as a user runs them (torchrun, 2 gloo ranks) and do what their docstrings say."""
+"""The examples run as a user runs them (torchrun, 2 gloo ranks) and do what their docstrings say.
+
+One torchrun launch per script; the resume checks call the scripts' own training functions on the
+session's 2 gloo ranks (``tests.distributed``), three runs each, without a launch's ~15 s of start-up.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import torch
 
 from common.paths import REPO_ROOT
+from tests.distributed import run_ranks
 from tests.helpers.processes import run_group
 
 TORCHRUN = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc_per_node=2"]
@@ -25,12 +32,31 @@ def _example(script: str, *args: str) -> dict:
     return _examples(script, *args)[-1]
 
 
+def _script(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"example_{name}", REPO_ROOT / "examples" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _ddp_hook_runs(rank: int, world: int, runs: list[list[str]]) -> list[dict]:
+    """``ddp_hook_mnist.train`` once per argument list, one after the other, on these ranks."""
+    script = _script("ddp_hook_mnist")
+    return [script.train(script.parse_args(argv), rank, world) for argv in runs]
+
+
+def _plain_loop_runs(rank: int, world: int, runs: list[tuple[int, str]]) -> list[dict]:
+    """``strategy_mnist.train_one`` (DEF-A) for each (steps, checkpoint), as its ``main`` calls it."""
+    script = _script("strategy_mnist")
+    return [script.train_one("def_a", steps, Path(f"{ckpt}.rank{rank}"), rank, world) for steps, ckpt in runs]
+
+
 def test_the_ddp_hook_example_trains_compressed_and_resumes_bit_exactly(tmp_path):
     straight, split = tmp_path / "straight.pt", tmp_path / "split.pt"
     args = ["--compressor", "terngrad", "--steps"]
-    first = _example("ddp_hook_mnist.py", *args, "12", "--checkpoint", str(split))
-    resumed = _example("ddp_hook_mnist.py", *args, "12", "--checkpoint", str(split))
-    whole = _example("ddp_hook_mnist.py", *args, "24", "--checkpoint", str(straight))
+    runs = [[*args, "12", "--checkpoint", str(split)]] * 2 + [[*args, "24", "--checkpoint", str(straight)]]
+    first, resumed, whole = run_ranks(_ddp_hook_runs, 2, runs, tmp_path=tmp_path, timeout=300)[0]
     assert first["steps"] == 12 and resumed["steps"] == whole["steps"] == 24
     assert whole["test_accuracy"] > 0.5  # chance is 0.1
     assert whole["compression_factor"] > 10  # 2-bit codes and one scaler per tensor against fp32
@@ -56,10 +82,8 @@ def test_every_method_trains_in_a_plain_loop():
 
 def test_a_plain_loop_resumes_bit_exactly(tmp_path):
     straight, split = tmp_path / "straight", tmp_path / "split"
-    args = ["--method", "def_a", "--steps"]
-    _example("strategy_mnist.py", *args, "10", "--checkpoint", str(split))
-    resumed = _example("strategy_mnist.py", *args, "10", "--checkpoint", str(split))
-    whole = _example("strategy_mnist.py", *args, "20", "--checkpoint", str(straight))
+    runs = [(10, str(split)), (10, str(split)), (20, str(straight))]
+    _, resumed, whole = run_ranks(_plain_loop_runs, 2, runs, tmp_path=tmp_path, timeout=300)[0]
     assert resumed["steps"] == whole["steps"] == 20
     for rank in (0, 1):
         a = torch.load(f"{straight}.rank{rank}", weights_only=False)
