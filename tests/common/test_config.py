@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 
 from common.config import RunConfig, compose
 from common.methods import STRATEGIES
-from common.paths import REPO_ROOT
+from tests.helpers.refusal import launch_refusal
 
 
 def test_defaults_are_valid_and_fingerprint_ignores_logging_knobs():
@@ -90,35 +87,18 @@ def test_compose_layers_and_errors():
         compose({**params, "run": {}}, "a")
 
 
-def _launch(*args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "pipelines.launch", *args],
-        cwd=REPO_ROOT,
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+def test_launcher_refuses_before_starting_any_worker(monkeypatch):
+    message = launch_refusal(monkeypatch, ["baseline", "nope"])  # fails the test if torchrun would start
+    assert "unknown run 'nope'; valid names: fp16, fp32, topk1_ef" in message
+    message = launch_refusal(monkeypatch, ["nonexistent", "fp32"])
+    assert "unknown pipeline 'nonexistent'" in message and "baseline" in message
 
 
-def test_launcher_refuses_before_starting_any_worker(tmp_path):
-    result = _launch("baseline", "nope")
-    assert result.returncode != 0
-    assert "unknown run 'nope'; valid names: fp16, fp32, topk1_ef" in result.stderr
-    assert "torchrun" not in result.stderr.lower()
-    result = _launch("nonexistent", "fp32")
-    assert (
-        result.returncode != 0
-        and "unknown pipeline 'nonexistent'" in result.stderr
-        and "baseline" in result.stderr
-    )
-
-
-def test_launcher_names_the_data_folder_it_looked_in(tmp_path):
-    result = _launch("baseline", "fp32", THINWIRE_DATA=str(tmp_path), THINWIRE_CACHE=str(tmp_path / "cache"))
-    assert result.returncode != 0
-    assert str(tmp_path) in result.stderr and "THINWIRE_DATA" in result.stderr
-    assert "train-images-idx3-ubyte.gz" in result.stderr
+def test_launcher_names_the_data_folder_it_looked_in(tmp_path, monkeypatch):
+    env = {"THINWIRE_DATA": str(tmp_path), "THINWIRE_CACHE": str(tmp_path / "cache")}
+    message = launch_refusal(monkeypatch, ["baseline", "fp32"], **env)
+    assert str(tmp_path) in message and "THINWIRE_DATA" in message
+    assert "train-images-idx3-ubyte.gz" in message
 
 
 def test_step_schedule_decays_at_the_milestone_epochs():

@@ -11,6 +11,7 @@ import pytest
 
 from common.paths import REPO_ROOT
 from tests.helpers.processes import run_group
+from tests.helpers.refusal import launch_refusal
 from tests.helpers.smoke_record import check_losses
 from tests.pipelines.conftest import tracking_env, train_evaluate_report
 
@@ -89,12 +90,10 @@ def test_a_seed_in_a_shared_launch_equals_a_launch_of_its_own(terngrad, tmp_path
     assert {k: alone[k] for k in keys} == {k: shared[k] for k in keys}
 
 
-def test_bad_seed_lists_fail_before_any_worker_starts(tmp_path):
+def test_bad_seed_lists_fail_before_any_worker_starts(tmp_path, monkeypatch):
     for bad in ("0,x", "1,1", "-2"):
-        command = [sys.executable, "-m", "pipelines.launch", "terngrad", "mnist_noclip", "--seeds", bad]
-        result = run_group([*command, "--out", str(tmp_path / "x")], cwd=REPO_ROOT, timeout=120)
-        assert result.returncode != 0
-        assert f"--seeds {bad!r}" in result.stderr
+        argv = ["terngrad", "mnist_noclip", "--seeds", bad, "--out", str(tmp_path / "x")]
+        assert f"--seeds {bad!r}" in launch_refusal(monkeypatch, argv)
     assert not (tmp_path / "x").exists()
 
 
