@@ -4,7 +4,8 @@ One launch holds the folder's lock from before any worker starts; a second launc
 once naming the first's pid. SIGKILL of the first launch's process group (what a killed DVC stage
 or a lost shell does) kills its torchrun workers too, though torchrun puts them in sessions of
 their own, so no output appears after the launch died; a new launch then resumes from the
-checkpoint.
+checkpoint. The first launch's workers are stopped from its first checkpoint until just before the
+kill: the run can be short (240 steps) and is still killed mid-run on any machine.
 """
 
 from __future__ import annotations
@@ -48,8 +49,9 @@ def _wait_for(condition, timeout: float, what: str) -> None:
 def test_a_launch_owns_its_folder_and_its_workers_die_with_it(tmp_path):
     pipeline = tmp_path / "own_pipeline"  # a pipeline outside pipelines/: a folder with params.yaml
     pipeline.mkdir()
-    # ~1,900 steps of a small MLP: long enough to be killed mid-run, short enough to finish after
-    defaults = {**CONFIG, "epochs": 80, "checkpoint_every": 100, "num_evaluations": 2, "num_logs": 4}
+    # 240 steps of a small MLP, checkpointed at 100 and 200: the workers are stopped (SIGSTOP) from
+    # the first checkpoint until the launch is killed, so it dies mid-run however slow the machine
+    defaults = {**CONFIG, "epochs": 10, "checkpoint_every": 100, "num_evaluations": 2, "num_logs": 4}
     (pipeline / "params.yaml").write_text(yaml.safe_dump({"scale": "t", "scales": {"t": {}}, "defaults": defaults, "runs": {"r": {}}}))  # fmt: skip
     out = tmp_path / "out"
     env = {
@@ -65,12 +67,16 @@ def test_a_launch_owns_its_folder_and_its_workers_die_with_it(tmp_path):
         _wait_for(lambda: list(out.glob("ckpt/*/latest.json")), 120, "the first checkpoint")
         workers = _children(first.pid)  # the launcher became torchrun (exec): same pid
         assert len(workers) == 2, (workers, (tmp_path / "first.log").read_text()[-2000:])
+        for pid in workers:  # held mid-run while the second launch tries the folder
+            os.kill(pid, signal.SIGSTOP)
 
         second = run_group(command, timeout=120, env=env)
         assert second.returncode != 0
         assert f"run folder {out} is in use by launch pid {first.pid}" in second.stderr, second.stderr[-2000:]
         assert all(_alive(w) for w in workers)  # the first launch is untouched
 
+        for pid in workers:  # training again when their launcher dies
+            os.kill(pid, signal.SIGCONT)
         os.killpg(first.pid, signal.SIGKILL)
         first.wait(timeout=30)
         _wait_for(lambda: not any(_alive(w) for w in workers), 10, "the workers to die with their launcher")
