@@ -7,9 +7,10 @@ Without ``--out`` a run goes to the git-ignored ``scratch/``: only DVC stages, w
 folder, write under ``results/`` (a hand run at smoke scale once replaced a committed 98 % result
 by a 30 % one).
 Bad parameters fail here, before any worker starts, and so does a second launch on a run folder
-that a running launch holds (:mod:`common.runlock`). The process then *becomes* torchrun
-(``exec``), so Ctrl-C and DVC's signals reach torchrun, which stops its workers; a SIGKILL of it
-kills them too (they die with their parent: :func:`common.distributed.die_with_parent`). A worker
+that a running launch holds (:mod:`common.runlock`). The process then runs torchrun's own ``main``
+(what the ``torchrun`` script runs; here torch is imported already, a fresh ``torchrun`` would import
+it again: ~3-4 s a launch on 2 cores), so Ctrl-C and DVC's signals reach torchrun, which stops its
+workers; a SIGKILL of it kills them too (they die with their parent: :func:`common.distributed.die_with_parent`). A worker
 that dies is restarted up to ``max_restarts`` times and resumes from the last verified checkpoint;
 a worker whose peer hangs gives up after ``collective_timeout_s``.
 
@@ -46,7 +47,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 
 from common import netem
@@ -67,12 +67,9 @@ from pipelines.train import (
 )
 
 
-def torchrun_command(pipeline: str, run: str, scale: str | None, nproc: int, max_restarts: int) -> list[str]:
-    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or shutil.which("torchrun")
-    if torchrun is None:
-        raise SystemExit("torchrun not found next to this python or on PATH: run `make setup` first")
-    command = [
-        torchrun,
+def torchrun_args(pipeline: str, run: str, scale: str | None, nproc: int, max_restarts: int) -> list[str]:
+    """The arguments of ``torchrun`` (without the program) that start the run's ranks."""
+    args = [
         "--standalone",
         f"--nproc_per_node={nproc}",
         f"--max-restarts={max_restarts}",
@@ -82,7 +79,15 @@ def torchrun_command(pipeline: str, run: str, scale: str | None, nproc: int, max
         pipeline,
         run,
     ]
-    return command + (["--scale", scale] if scale else [])
+    return args + (["--scale", scale] if scale else [])
+
+
+def run_torchrun(args: list[str]) -> None:
+    """``torchrun ARGS`` in this process: the elastic agent whose workers are ``python -m ...``
+    subprocesses; a failed worker (after its restarts) raises torchrun's ``ChildFailedError``."""
+    from torch.distributed.run import main as torchrun_main
+
+    torchrun_main(args)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -178,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
         load_dataset(config.dataset, "test", limit=1, seq_len=config.seq_len)
         if not args.out:  # a hand run: never into results/ (DVC stages name their folder)
             print(f"no --out: writing under {repeats[0][2]} (git-ignored scratch)", file=sys.stderr)
-        # Held until this process (torchrun after the exec) exits: a second launch on any of
+        # Held until this process (torchrun's agent after the checks) exits: a second launch on any of
         # these folders fails here, naming this one's pid.
         lock_run_folders(directory for _, _, directory, _ in repeats)
     except ValueError as error:  # DataError and RunFolderBusy are ValueErrors
@@ -203,9 +208,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"warning: {error}\nwarning: running UNSHAPED (--allow-unshaped)", file=sys.stderr)
         else:
             raise SystemExit(run_shaped(args, config.world_size, config.max_restarts))
-    command = torchrun_command(args.pipeline, args.run, args.scale, config.world_size, config.max_restarts)
     sys.stdout.flush()
-    os.execv(command[0], command)
+    run_torchrun(torchrun_args(args.pipeline, args.run, args.scale, config.world_size, config.max_restarts))
 
 
 def run_shaped(args: argparse.Namespace, world_size: int, max_restarts: int) -> int:

@@ -65,7 +65,7 @@ def test_a_launch_owns_its_folder_and_its_workers_die_with_it(tmp_path):
     workers: list[int] = []
     try:
         _wait_for(lambda: list(out.glob("ckpt/*/latest.json")), 120, "the first checkpoint")
-        workers = _children(first.pid)  # the launcher became torchrun (exec): same pid
+        workers = _children(first.pid)  # the launcher runs torchrun's agent itself: same pid
         assert len(workers) == 2, (workers, (tmp_path / "first.log").read_text()[-2000:])
         for pid in workers:  # held mid-run while the second launch tries the folder
             os.kill(pid, signal.SIGSTOP)

@@ -262,7 +262,7 @@ def test_masks_that_do_not_fit_the_model_are_rejected_before_any_rank_starts(pru
     (tmp_path / "masks").mkdir()
     save_masks(tmp_path / "masks" / "imp_global_90.pt", magnitude_masks(other, 0.9), other, "global")
     (tmp_path / "rewind.pt").write_bytes((pruned / "rewind.pt").read_bytes())
-    # the command line's own checks: a clear error, and no torchrun started (main would exec it)
+    # the command line's own checks: a clear error, and no torchrun started (main would run it)
     with pytest.raises(SystemExit, match=r"error: run 'sparse90_2x2': mask .* has shape \(66, 16\)"):
         main(["sparse_axonn", "sparse90_2x2", "--scale", "smoke", "--inputs", str(tmp_path)])
     (tmp_path / "masks" / "imp_global_90.pt").unlink()
