@@ -3,7 +3,10 @@
 One folder per op: ``reference.py`` (pure torch, any device, the specification), ``triton.py`` (the
 kernel, imported lazily on first use) and ``__init__.py`` (the public function, which checks its
 arguments and dispatches on ``backend="auto" | "reference" | "triton"``; see ``kernels._dispatch``).
-Randomness comes only from explicit noise tensors or generators, never the global RNG.
+Randomness comes only from explicit noise tensors or generators, never the global RNG. The
+stochastic quantizers' ``fused_rng`` path (noise drawn inside the kernel) also has compiled CPU
+kernels, ``_native.c``, built with the C compiler on first use (``kernels._native``,
+``backend="native"``; ``"auto"`` takes them on CPU tensors).
 
 | op folder          | public functions                                                  | paper       |
 |--------------------|-------------------------------------------------------------------|-------------|

@@ -9,6 +9,10 @@ Every public kernel function takes ``backend="reference" | "triton" | "auto"``:
   Triton interpreter, used by the tests on CPU). Anything else is a ``RuntimeError``: an explicit
   request for a kernel that cannot run is not silently served by the reference.
 
+TernGrad's and QSGD's ops also take ``"native"``, their compiled C kernels on CPU tensors
+(``kernels._native``): the quantizers' ``fused_rng`` path (noise drawn in the kernel) and the
+decoders (bit-exact with the reference). ``"auto"`` picks them on CPU tensors whenever they build.
+
 ``TRITON_INTERPRET`` is read by ``@triton.jit`` when a kernel is *defined*, so it must be set before
 the first Triton call; the ``triton.py`` modules are imported lazily, on that first call.
 """
@@ -23,6 +27,8 @@ from typing import Literal
 import torch
 
 Backend = Literal["reference", "triton", "auto"]
+#: TernGrad's and QSGD's ops: also ``"native"``, their compiled CPU kernels (``kernels._native``).
+QuantizerBackend = Literal["reference", "triton", "auto", "native"]
 BACKENDS: tuple[str, ...] = ("reference", "triton", "auto")
 
 # Kernels index with int32 offsets; the last program's offsets run up to one block past numel, so
@@ -45,6 +51,32 @@ def triton_available() -> bool:
 def interpreter_enabled() -> bool:
     """Whether ``TRITON_INTERPRET=1`` is set (Triton kernels then run on CPU tensors)."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def use_native(backend: str, device: torch.device, *, fused_rng: bool | None = None) -> bool:
+    """Whether an op runs its compiled CPU kernel (``kernels._native``).
+
+    ``fused_rng``: a quantizer's flag (its native kernel is the ``fused_rng`` path, which draws its own
+    noise); None for a decoder (deterministic, bit-exact with the reference). ``"native"`` asks for
+    the kernel explicitly (CPU tensors only; an error where it cannot run); ``"auto"`` takes it on
+    CPU tensors when it builds here.
+    """
+    from kernels import _native
+
+    if backend == "native":
+        if fused_rng is False:
+            raise ValueError(
+                "backend='native' is the fused_rng path (it draws its own noise); pass fused_rng=True"
+            )
+        if device.type != "cpu":
+            raise ValueError(f"backend='native' runs on CPU tensors, got {device}")
+        if not _native.available():
+            raise RuntimeError(
+                f"backend='native' needs the compiled CPU kernels: {_native.unavailable_reason()}"
+            )
+        return True
+    check_backend(backend)
+    return backend == "auto" and fused_rng is not False and device.type == "cpu" and _native.available()
 
 
 def check_backend(backend: str) -> None:

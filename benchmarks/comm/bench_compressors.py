@@ -14,7 +14,8 @@ sample from Python's ``random`` as there; decompression into a reused gradient b
 thinwire's are the registry's compressors with the suite's options (top-k 1 %, QSGD 4-bit buckets
 of 512 fixed-width, TernGrad shared-scaler clipping at 2.5 sigma, DGC at 0.1 %), bit-packed;
 decompression into a reused buffer (``decompress_into``) where the compressor has its own, else
-``decompress``.
+``decompress``. ``qsgd_fused`` / ``terngrad_fused``: the same with ``fused_rng`` (the noise drawn
+inside the quantizing kernel, ``kernels._native`` on a CPU).
 For each size (1e5, 1e6, 1e7 fp32 entries) and thread count (1, 2) the calls alternate, thinwire then
 GRACE, ``--repeats`` times; reported: median ms of compress and of decompress (one payload) and the
 ratio thinwire / GRACE (below 1: thinwire faster), and the bits each puts on the wire.
@@ -46,6 +47,9 @@ THINWIRE = {
     "qsgd": ("qsgd", {"bits": 4, "bucket_size": 512, "encoding": "fixed"}),
     "terngrad": ("terngrad", {"clip": 2.5}),
     "dgc": ("dgc", {"density": 0.001}),
+    # the same with the noise drawn inside the quantizing kernel (kernels._native on a CPU)
+    "qsgd_fused": ("qsgd", {"bits": 4, "bucket_size": 512, "encoding": "fixed", "fused_rng": True}),
+    "terngrad_fused": ("terngrad", {"clip": 2.5, "fused_rng": True}),
 }
 
 
@@ -86,8 +90,15 @@ def official_dgc(x: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], Callable[[]
 
 
 _GRADS: dict[int, torch.Tensor] = {}
-PEERS = {"topk": grace_topk, "qsgd": grace_qsgd, "terngrad": grace_terngrad, "dgc": official_dgc}
-PEER_NAMES = {"topk": "GRACE", "qsgd": "GRACE", "terngrad": "GRACE", "dgc": "DGC's code"}
+PEERS = {
+    "topk": grace_topk,
+    "qsgd": grace_qsgd,
+    "terngrad": grace_terngrad,
+    "dgc": official_dgc,
+    "qsgd_fused": grace_qsgd,
+    "terngrad_fused": grace_terngrad,
+}
+PEER_NAMES = {name: "DGC's code" if name == "dgc" else "GRACE" for name in PEERS}
 
 
 def _time(fn: Callable[[], object]) -> float:

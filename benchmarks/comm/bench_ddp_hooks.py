@@ -13,8 +13,9 @@ DDP's default buckets, "Received data size doesn't match expected size", issue 2
 - ``torch_fp16`` / ``thinwire_fp16``: ``fp16_compress_hook`` / ``install_ddp_hook(m, "fp16")``;
 - ``torch_powersgd_rK`` / ``thinwire_powersgd_rK``: ``powerSGD_hook`` (error feedback, warm start,
   ``start_powerSGD_iter=2``) / ``install_ddp_hook(m, "powersgd", rank=K, error_feedback=True)``;
-- thinwire's top-k 1 % + EF, QSGD 4-bit, TernGrad through ``install_ddp_hook``, and DGC's whole
-  step at 0.1 % (``DGCDataParallel.install``: its hook and its SGD), no PyTorch counterpart.
+- thinwire's top-k 1 % + EF, QSGD 4-bit, TernGrad through ``install_ddp_hook`` (``*_fused``: with
+  ``fused_rng``, the noise drawn inside the quantizing kernel), and DGC's whole step at 0.1 %
+  (``DGCDataParallel.install``: its hook and its SGD), no PyTorch counterpart.
 
 After warm-up (which runs torch's PowerSGD past its two plain all-reduces) the variants take turns
 step by step, in an order rotated every cycle, so that load from other processes falls on all
@@ -72,6 +73,9 @@ OTHERS = {
     "topk1_ef": {"compressor": "topk", "density": 0.01, "error_feedback": True},
     "qsgd4": {"compressor": "qsgd", "bits": 4},
     "terngrad": {"compressor": "terngrad"},
+    # the same with the noise drawn inside the quantizing kernel (kernels._native on a CPU)
+    "qsgd4_fused": {"compressor": "qsgd", "bits": 4, "fused_rng": True},
+    "terngrad_fused": {"compressor": "terngrad", "fused_rng": True},
 }
 COLUMNS = (
     "date",

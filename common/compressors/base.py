@@ -275,6 +275,15 @@ def check_density(density: float) -> float:
     return float(density)
 
 
+def check_fused_rng(fused_rng: bool) -> bool:
+    """Validate a stochastic compressor's ``fused_rng`` switch (noise drawn inside the kernel)."""
+    if not isinstance(fused_rng, bool):
+        raise ValueError(
+            f"fused_rng must be true or false (draw the noise inside the quantizing kernel), got {fused_rng!r}"
+        )
+    return fused_rng
+
+
 def num_kept(numel: int, density: float) -> int:
     """Entries kept at ``density``: ceil(density * numel), at least one."""
     return max(1, min(numel, math.ceil(density * numel - 1e-9)))

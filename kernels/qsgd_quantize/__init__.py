@@ -10,21 +10,24 @@ and summed (``qsgd_dequantize_accumulate``), not all-reduced.
 Randomness: explicit ``noise`` (uniform [0, 1), v's shape) or ``generator``; never the global RNG.
 With the same noise both backends give identical bytes and norms. ``fused_rng=True`` lets the Triton
 kernel draw Philox numbers in registers from a seed taken from the generator (not bit-exact with the
-reference; the reference ignores the flag).
+reference), and on CPU tensors runs the compiled C kernel (``kernels._native``: a counter-hash noise,
+quantized and packed in one pass); the reference ignores the flag.
 """
 
 from __future__ import annotations
 
 import torch
 
+from kernels import _native
 from kernels._buckets import Norm, check_bucket_size, num_buckets
 from kernels._dispatch import (
-    Backend,
+    QuantizerBackend,
     check_floating,
     check_numel,
     check_same_device,
     philox_seed,
     uniform_noise,
+    use_native,
     use_triton,
 )
 from kernels.pack_bits.reference import num_packed_bytes
@@ -52,7 +55,7 @@ def qsgd_quantize(
     noise: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
     fused_rng: bool = False,
-    backend: Backend = "auto",
+    backend: QuantizerBackend = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize ``v`` to ``(packed uint8 [ceil(numel * bits / 8)], norms fp32 [num_buckets])``.
 
@@ -64,9 +67,14 @@ def qsgd_quantize(
     check_floating(v, "v")
     check_numel(v.numel(), "v")
     v_N = v.reshape(-1).contiguous()
-    triton_path = use_triton(backend, v.device)
     if fused_rng and noise is not None:
         raise ValueError("fused_rng=True draws its own numbers from generator; do not pass noise")
+    if use_native(backend, v.device, fused_rng=fused_rng):
+        keys = _native.draw_keys(generator)
+        norms_B = bucket_norms(v_N, bucket_size, norm)
+        scales_B = level_scales(norms_B, bits).contiguous()
+        return _native.qsgd_quantize(v_N.to(torch.float32), scales_B, bits, bucket_size, keys), norms_B
+    triton_path = use_triton(backend, v.device)
     if fused_rng and triton_path:
         seed = philox_seed(generator, v.device)
         noise_N = None
@@ -94,7 +102,7 @@ def qsgd_dequantize_accumulate(
     *,
     bits: int = 4,
     bucket_size: int = DEFAULT_BUCKET_SIZE,
-    backend: Backend = "auto",
+    backend: QuantizerBackend = "auto",
 ) -> torch.Tensor:
     """fp32 sum of W decoded payloads: ``packed [W, bytes]``, ``norms [W, num_buckets]`` -> ``[numel]``.
 
@@ -124,6 +132,10 @@ def qsgd_dequantize_accumulate(
         )
     norms_W_B = norms.reshape(num_workers, expected).to(torch.float32)
     packed_W_M = packed_W_M.contiguous()
+    if use_native(backend, packed.device):
+        return _native.qsgd_decode(
+            packed_W_M, level_units(norms_W_B, bits).contiguous(), numel, bits, bucket_size
+        )
     if use_triton(backend, packed.device):
         from kernels.qsgd_quantize import triton as triton_impl
 
@@ -139,7 +151,7 @@ def qsgd_dequantize(
     *,
     bits: int = 4,
     bucket_size: int = DEFAULT_BUCKET_SIZE,
-    backend: Backend = "auto",
+    backend: QuantizerBackend = "auto",
 ) -> torch.Tensor:
     """Decode one payload (1-D ``packed``, ``norms [num_buckets]``) to fp32 ``[numel]``; reshape as needed."""
     if packed.dim() != 1:

@@ -377,5 +377,5 @@ def test_bad_options_are_rejected(options, message):
 def test_registry_and_repr():
     comp = build_compressor("qsgd", bits=8, bucket_size=8192, norm="max", encoding="elias")
     assert isinstance(comp, QSGD) and comp.num_levels == 127
-    assert repr(comp) == "QSGD(bits=8, bucket_size=8192, norm='max', encoding='elias')"
+    assert repr(comp) == "QSGD(bits=8, bucket_size=8192, norm='max', encoding='elias', fused_rng=False)"
     assert [QSGD(bits=b).num_levels for b in (2, 4, 8)] == [1, 7, 127]

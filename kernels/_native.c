@@ -1,0 +1,186 @@
+/* CPU kernels of thinwire's stochastic quantizers: noise, quantization and bit packing in one pass.
+ *
+ * Built and loaded by kernels/_native.py (gcc, -ffp-contract=off: no fused multiply-add, so every
+ * product and sum rounds exactly as the pure-torch reference's separate ops do). The noise is a
+ * counter-based hash of the element index and two 32-bit keys, u_i = (h(h(i ^ k1) ^ k2) >> 8) / 2^24,
+ * uniform on [0, 1) with torch.rand's 24 bits; kernels._native.counter_uniform computes the same
+ * numbers with torch ops, so each kernel is checked bit for bit against the reference given them.
+ *
+ * Shapes: n elements, read flat; one scale per bucket of `bucket` consecutive elements; packed
+ * output ceil(n * bits / 8) bytes, codes little-endian within a byte (kernels/pack_bits layout).
+ */
+#include <stdint.h>
+#include <string.h>
+
+#define TW_CHUNK 8192 /* codes staged per packing round: a multiple of 8 (every byte whole) */
+
+/* Chris Wellons' lowbias32 with multipliers below 2^31 (hash-prospector), so its torch twin
+ * can multiply in int64 without overflow. */
+static inline uint32_t tw_hash(uint32_t x) {
+    x ^= x >> 16;
+    x *= 0x21f0aaadU;
+    x ^= x >> 15;
+    x *= 0x735a2d97U;
+    x ^= x >> 15;
+    return x;
+}
+
+static inline float tw_uniform_at(int64_t i, uint32_t k1, uint32_t k2) {
+    uint32_t h = tw_hash(tw_hash((uint32_t)i ^ k1) ^ k2);
+    return (float)(h >> 8) * 0x1p-24f;
+}
+
+static inline uint32_t tw_sign_bit(float x) {
+    uint32_t b;
+    memcpy(&b, &x, sizeof b);
+    return b >> 31;
+}
+
+void tw_uniform(int64_t n, uint32_t k1, uint32_t k2, float *out) {
+    for (int64_t i = 0; i < n; ++i) out[i] = tw_uniform_at(i, k1, k2);
+}
+
+/* Pack `count` codes of `bits` bits (8 / bits per byte, little-endian) into out. */
+static void tw_pack(const uint8_t *codes, int64_t count, int bits, uint8_t *out) {
+    const int per_byte = 8 / bits;
+    const int64_t whole = count / per_byte;
+    if (bits == 8) {
+        memcpy(out, codes, (size_t)count);
+        return;
+    }
+    for (int64_t j = 0; j < whole; ++j) {
+        uint8_t byte = 0;
+        for (int k = 0; k < per_byte; ++k) byte |= (uint8_t)(codes[j * per_byte + k] << (k * bits));
+        out[j] = byte;
+    }
+    if (whole * per_byte < count) {
+        uint8_t byte = 0;
+        for (int64_t k = 0; whole * per_byte + k < count; ++k)
+            byte |= (uint8_t)(codes[whole * per_byte + k] << (k * bits));
+        out[whole] = byte;
+    }
+}
+
+/* TernGrad: code_i = keep_i << sign_i with keep_i = (u_i * s_b < |g_i|): 0 -> 0, +1 -> 1, -1 -> 2. */
+static void tw_ternary_codes(const float *g, int64_t start, int64_t end, const float *scalers,
+                             int64_t bucket, uint32_t k1, uint32_t k2, uint8_t *codes) {
+    for (int64_t i = start; i < end;) {
+        const int64_t b = i / bucket;
+        const int64_t stop = (b + 1) * bucket < end ? (b + 1) * bucket : end;
+        const float s = scalers[b];
+        for (int64_t j = i; j < stop; ++j) {
+            const float a = g[j] < 0.0f ? -g[j] : g[j];
+            const uint8_t keep = tw_uniform_at(j, k1, k2) * s < a;
+            codes[j - start] = (uint8_t)(keep << tw_sign_bit(g[j]));
+        }
+        i = stop;
+    }
+}
+
+void tw_ternarize(const float *g, int64_t n, const float *scalers, int64_t bucket, uint32_t k1,
+                  uint32_t k2, uint8_t *out) {
+    uint8_t codes[TW_CHUNK];
+    for (int64_t start = 0; start < n; start += TW_CHUNK) {
+        const int64_t end = start + TW_CHUNK < n ? start + TW_CHUNK : n;
+        tw_ternary_codes(g, start, end, scalers, bucket, k1, k2, codes);
+        tw_pack(codes, end - start, 2, out + start / 4);
+    }
+}
+
+/* QSGD: level_i = min(|v_i| * scale_b + u_i, s) truncated; code = level | (sign && level) << (bits-1). */
+static void tw_qsgd_codes(const float *v, int64_t start, int64_t end, const float *scales,
+                          int64_t bucket, int bits, uint32_t k1, uint32_t k2, uint8_t *codes) {
+    const float s = (float)((1 << (bits - 1)) - 1);
+    const uint8_t sign_shift = (uint8_t)(bits - 1);
+    for (int64_t i = start; i < end;) {
+        const int64_t b = i / bucket;
+        const int64_t stop = (b + 1) * bucket < end ? (b + 1) * bucket : end;
+        const float scale = scales[b];
+        for (int64_t j = i; j < stop; ++j) {
+            const float a = v[j] < 0.0f ? -v[j] : v[j];
+            float x = a * scale;
+            x = x + tw_uniform_at(j, k1, k2);
+            x = x > s ? s : x;
+            const uint8_t level = (uint8_t)(int8_t)x;
+            const uint8_t negative = (uint8_t)(tw_sign_bit(v[j]) & (level != 0));
+            codes[j - start] = (uint8_t)(level + (negative << sign_shift));
+        }
+        i = stop;
+    }
+}
+
+void tw_qsgd_quantize(const float *v, int64_t n, const float *scales, int64_t bucket, int bits,
+                      uint32_t k1, uint32_t k2, uint8_t *out) {
+    uint8_t codes[TW_CHUNK];
+    for (int64_t start = 0; start < n; start += TW_CHUNK) {
+        const int64_t end = start + TW_CHUNK < n ? start + TW_CHUNK : n;
+        tw_qsgd_codes(v, start, end, scales, bucket, bits, k1, k2, codes);
+        tw_pack(codes, end - start, bits, out + start * bits / 8);
+    }
+}
+
+/* Decoders: out_i = ((0 + d_0,i) + d_1,i) + ... + d_{W-1},i in worker order, d_w,i = value * unit_w,b
+ * with value the signed level (QSGD) or the ternary value in {-1, 0, 1} (TernGrad, code 3 -> 0) and
+ * unit_w,b the bucket's level unit (n_b / s) or scaler: one product and one sum each, as the
+ * reference's table lookup, bucket multiply and sum_in_worker_order round. packed is [W, M] rows of
+ * M bytes, units [W, B]; lut [256 * (8 / bits)] holds each byte's values. Inlined with a constant
+ * `bits`, so the byte index and shift are shifts. */
+static inline void tw_decode(const uint8_t *restrict packed, int64_t workers, int64_t row_bytes, int64_t n,
+                             const float *restrict units, int64_t num_units, int64_t bucket, const int bits,
+                             const float *restrict lut, float *restrict out) {
+    const int per = 8 / bits;
+    for (int64_t w = 0; w < workers; ++w) {
+        const uint8_t *restrict row = packed + w * row_bytes;
+        for (int64_t i = 0; i < n;) {
+            const int64_t b = i / bucket;
+            const int64_t stop = (b + 1) * bucket < n ? (b + 1) * bucket : n;
+            const float unit = units[w * num_units + b];
+            /* whole bytes inside [i, stop) a byte at a time, the ragged ends an element at a time */
+            const int64_t head = (i + per - 1) / per * per < stop ? (i + per - 1) / per * per : stop;
+            const int64_t tail = head + (stop - head) / per * per;
+            for (int64_t j = i; j < head; ++j)
+                out[j] = (w ? out[j] : 0.0f) + lut[row[j / per] * per + j % per] * unit;
+            if (w == 0) {
+                for (int64_t m = head / per; m < tail / per; ++m) {
+                    const float *e = lut + row[m] * per;
+                    for (int k = 0; k < per; ++k) out[m * per + k] = 0.0f + e[k] * unit;
+                }
+            } else {
+                for (int64_t m = head / per; m < tail / per; ++m) {
+                    const float *e = lut + row[m] * per;
+                    for (int k = 0; k < per; ++k) out[m * per + k] = out[m * per + k] + e[k] * unit;
+                }
+            }
+            for (int64_t j = tail; j < stop; ++j)
+                out[j] = (w ? out[j] : 0.0f) + lut[row[j / per] * per + j % per] * unit;
+            i = stop;
+        }
+    }
+}
+
+void tw_qsgd_decode(const uint8_t *packed, int64_t workers, int64_t row_bytes, int64_t n,
+                    const float *units, int64_t num_units, int64_t bucket, int bits, float *out) {
+    float lut[256 * 4];
+    const int per = 8 / bits;
+    const uint32_t s = (1U << (bits - 1)) - 1;
+    for (int byte = 0; byte < 256; ++byte)
+        for (int k = 0; k < per; ++k) {
+            const uint32_t code = ((uint32_t)byte >> (k * bits)) & ((1U << bits) - 1);
+            const float level = (float)(code & s);
+            lut[byte * per + k] = code > s ? -level : level;
+        }
+    if (bits == 2) tw_decode(packed, workers, row_bytes, n, units, num_units, bucket, 2, lut, out);
+    else if (bits == 4) tw_decode(packed, workers, row_bytes, n, units, num_units, bucket, 4, lut, out);
+    else tw_decode(packed, workers, row_bytes, n, units, num_units, bucket, 8, lut, out);
+}
+
+void tw_ternary_decode(const uint8_t *packed, int64_t workers, int64_t row_bytes, int64_t n,
+                       const float *scalers, int64_t num_scalers, int64_t bucket, float *out) {
+    float lut[256 * 4];
+    for (int byte = 0; byte < 256; ++byte)
+        for (int k = 0; k < 4; ++k) {
+            const uint32_t code = ((uint32_t)byte >> (k * 2)) & 3U;
+            lut[byte * 4 + k] = code == 1 ? 1.0f : (code == 2 ? -1.0f : 0.0f);
+        }
+    tw_decode(packed, workers, row_bytes, n, scalers, num_scalers, bucket, 2, lut, out);
+}

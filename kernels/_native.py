@@ -1,0 +1,238 @@
+"""Compiled CPU kernels of TernGrad and QSGD: the ``fused_rng`` quantizers and the decoders (``_native.c``).
+
+On a CPU the pure-torch references make one pass over the gradient per op: ``torch.rand`` draws
+the noise (Mersenne Twister, ~4-7 ns an entry on one core: most of TernGrad's and QSGD's
+compression of a ResNet-18 gradient), then scale, compare, sign and pack each read it again. With
+``fused_rng=True`` (the option that on CUDA lets the Triton kernels draw Philox numbers in
+registers) the CPU runs one C loop instead: the noise is a counter-based hash of the element index
+and two 32-bit keys drawn from the caller's generator, and each entry is quantized and packed where
+its noise is made. Not bit-exact with the ``torch.rand`` stream (no fused path is, on any device);
+bit-exact with the reference given :func:`counter_uniform`'s numbers, which is how it is tested.
+The decoders (``ternary_decode_accumulate``, ``qsgd_dequantize_accumulate``) are deterministic: one
+loop gives the reference's values bit for bit, where the reference makes a pass per op (a table
+gather, a bucket multiply, a sum per worker), so ``backend="auto"`` takes them on any CPU tensor.
+
+The library is compiled on first use with the C compiler (``$CC``, else ``cc``) into
+``$THINWIRE_CACHE/kernels`` (default ``<repo>/.cache/kernels``, git-ignored), named by a hash of
+the source, the flags and the CPU, and loaded with ctypes (calls release the GIL). Without a
+compiler :func:`available` is False, says why in :func:`unavailable_reason`, and the ops fall back to
+the reference (``backend="auto"``) or raise (``backend="native"``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("_native.c")
+#: No FMA contraction: ``|v| * scale + u`` rounds as the reference's separate multiply and add.
+CFLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared", "-std=c11")
+_MASK32 = 0xFFFFFFFF
+_HASH_MULTIPLIERS = (0x21F0AAAD, 0x735A2D97)
+
+
+def _cache_dir() -> Path:
+    env = os.environ.get("THINWIRE_CACHE")
+    root = Path(env).expanduser() if env else Path(__file__).resolve().parent.parent / ".cache"
+    return root / "kernels"
+
+
+def _cpu_signature() -> str:
+    """What ``-march=native`` compiled for: the CPU's model and flags (a cache shared between
+    machine kinds must not hand one CPU's instructions to another)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    lines = [ln for ln in text.splitlines() if ln.startswith(("model name", "flags"))]
+    return "\n".join(sorted(set(lines)))
+
+
+def _compile(compiler: str, output: Path) -> None:
+    output.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=output.parent, suffix=".so.tmp")
+    os.close(fd)
+    try:
+        subprocess.run(
+            [compiler, *CFLAGS, "-o", tmp, str(SOURCE)], check=True, capture_output=True, text=True
+        )
+        os.replace(tmp, output)  # atomic: ranks compiling at once each land a whole file
+    except subprocess.CalledProcessError as err:
+        raise OSError(f"{compiler} failed on {SOURCE}: {err.stderr.strip()[-2000:]}") from err
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+@functools.cache
+def _load() -> ctypes.CDLL | str:
+    """The loaded library, or why it could not be built (a string)."""
+    compiler = os.environ.get("CC", "cc")
+    if shutil.which(compiler) is None:
+        return f"no C compiler: {compiler!r} is not on PATH (set CC to one)"
+    key = hashlib.sha256(
+        "\0".join([SOURCE.read_text(), " ".join(CFLAGS), compiler, _cpu_signature()]).encode()
+    ).hexdigest()[:16]
+    path = _cache_dir() / f"thinwire_native_{key}.so"
+    try:
+        if not path.exists():
+            _compile(compiler, path)
+        lib = ctypes.CDLL(str(path))
+    except OSError as err:
+        return f"could not build or load {path}: {err}"
+    i64, u32, ptr = ctypes.c_int64, ctypes.c_uint32, ctypes.c_void_p
+    lib.tw_uniform.argtypes = [i64, u32, u32, ptr]
+    lib.tw_ternarize.argtypes = [ptr, i64, ptr, i64, u32, u32, ptr]
+    lib.tw_qsgd_quantize.argtypes = [ptr, i64, ptr, i64, ctypes.c_int, u32, u32, ptr]
+    lib.tw_qsgd_decode.argtypes = [ptr, i64, i64, i64, ptr, i64, i64, ctypes.c_int, ptr]
+    lib.tw_ternary_decode.argtypes = [ptr, i64, i64, i64, ptr, i64, i64, ptr]
+    for fn in (
+        lib.tw_uniform,
+        lib.tw_ternarize,
+        lib.tw_qsgd_quantize,
+        lib.tw_qsgd_decode,
+        lib.tw_ternary_decode,
+    ):
+        fn.restype = None
+    return lib
+
+
+def available() -> bool:
+    """Whether the compiled kernels can run here (built once per process, then cached)."""
+    return not isinstance(_load(), str)
+
+
+def unavailable_reason() -> str | None:
+    lib = _load()
+    return lib if isinstance(lib, str) else None
+
+
+def _lib() -> ctypes.CDLL:
+    lib = _load()
+    if isinstance(lib, str):
+        raise RuntimeError(f"backend='native' needs the compiled CPU kernels: {lib}")
+    return lib
+
+
+def draw_keys(generator: torch.Generator | None) -> tuple[int, int]:
+    """Two 32-bit keys for the counter hash, drawn from ``generator`` (a CPU generator)."""
+    if generator is None:
+        raise ValueError("fused_rng=True draws its keys from a generator; pass generator=")
+    if generator.device.type != "cpu":
+        raise ValueError(
+            f"the native kernels draw their keys from a CPU generator, got one on {generator.device}"
+        )
+    k1, k2 = torch.randint(0, 2**32, (2,), generator=generator, dtype=torch.int64).tolist()
+    return int(k1), int(k2)
+
+
+def _hash_reference(x: torch.Tensor) -> torch.Tensor:
+    """The kernel's 32-bit hash on int64 values in [0, 2^32) (products stay below 2^63)."""
+    c1, c2 = _HASH_MULTIPLIERS
+    x = x ^ (x >> 16)
+    x = (x * c1) & _MASK32
+    x = x ^ (x >> 15)
+    x = (x * c2) & _MASK32
+    return x ^ (x >> 15)
+
+
+def counter_uniform(numel: int, keys: tuple[int, int]) -> torch.Tensor:
+    """The fused path's noise with torch ops: fp32 ``[numel]``, ``u_i = (h(h(i ^ k1) ^ k2) >> 8) / 2^24``."""
+    k1, k2 = keys
+    index = torch.arange(numel, dtype=torch.int64) & _MASK32
+    h = _hash_reference(_hash_reference(index ^ k1) ^ k2)
+    return (h >> 8).to(torch.float32) * 2.0**-24
+
+
+def _check_cpu(dtype: torch.dtype, **tensors: torch.Tensor) -> None:
+    for name, t in tensors.items():
+        if t.device.type != "cpu" or t.dtype != dtype or not t.is_contiguous():
+            raise ValueError(f"{name} must be a contiguous {dtype} CPU tensor, got {t.dtype} on {t.device}")
+
+
+def uniform(numel: int, keys: tuple[int, int]) -> torch.Tensor:
+    """:func:`counter_uniform` computed by the compiled kernel."""
+    out = torch.empty(numel, dtype=torch.float32)
+    _lib().tw_uniform(numel, keys[0], keys[1], out.data_ptr())
+    return out
+
+
+def ternarize(
+    g_N: torch.Tensor, scaler_B: torch.Tensor, bucket_size: int, keys: tuple[int, int]
+) -> torch.Tensor:
+    """Packed 2-bit ternary codes ``[ceil(N / 4)]``: the reference's ``ternarize`` with
+    ``counter_uniform(N, keys)`` as its noise."""
+    _check_cpu(torch.float32, g=g_N, scaler=scaler_B)
+    numel = g_N.numel()
+    out = torch.empty((numel + 3) // 4, dtype=torch.uint8)
+    _lib().tw_ternarize(
+        g_N.data_ptr(), numel, scaler_B.data_ptr(), bucket_size, keys[0], keys[1], out.data_ptr()
+    )
+    return out
+
+
+def qsgd_quantize(
+    v_N: torch.Tensor, scales_B: torch.Tensor, bits: int, bucket_size: int, keys: tuple[int, int]
+) -> torch.Tensor:
+    """Packed QSGD codes ``[ceil(N * bits / 8)]`` for per-bucket ``scales_B = s / n_b``: the
+    reference's codes with ``counter_uniform(N, keys)`` as its noise."""
+    _check_cpu(torch.float32, v=v_N, scales=scales_B)
+    numel = v_N.numel()
+    out = torch.empty((numel * bits + 7) // 8, dtype=torch.uint8)
+    _lib().tw_qsgd_quantize(
+        v_N.data_ptr(), numel, scales_B.data_ptr(), bucket_size, bits, keys[0], keys[1], out.data_ptr()
+    )
+    return out
+
+
+def qsgd_decode(
+    packed_W_M: torch.Tensor, units_W_B: torch.Tensor, numel: int, bits: int, bucket_size: int
+) -> torch.Tensor:
+    """fp32 ``[numel]``: the reference's ``qsgd_dequantize_accumulate`` (worker order, one product and
+    one sum per payload) from the per-bucket level units ``n_b / s``, bit for bit, in one pass."""
+    _check_cpu(torch.uint8, packed=packed_W_M)
+    _check_cpu(torch.float32, units=units_W_B)
+    out = torch.empty(numel, dtype=torch.float32)
+    workers, row_bytes = packed_W_M.shape
+    _lib().tw_qsgd_decode(
+        packed_W_M.data_ptr(),
+        workers,
+        row_bytes,
+        numel,
+        units_W_B.data_ptr(),
+        units_W_B.shape[1],
+        bucket_size,
+        bits,
+        out.data_ptr(),
+    )
+    return out
+
+
+def ternary_decode(
+    packed_W_M: torch.Tensor, scalers_W_B: torch.Tensor, numel: int, bucket_size: int
+) -> torch.Tensor:
+    """fp32 ``[numel]``: the reference's ``ternary_decode_accumulate``, bit for bit, in one pass."""
+    _check_cpu(torch.uint8, packed=packed_W_M)
+    _check_cpu(torch.float32, scalers=scalers_W_B)
+    out = torch.empty(numel, dtype=torch.float32)
+    workers, row_bytes = packed_W_M.shape
+    _lib().tw_ternary_decode(
+        packed_W_M.data_ptr(),
+        workers,
+        row_bytes,
+        numel,
+        scalers_W_B.data_ptr(),
+        scalers_W_B.shape[1],
+        bucket_size,
+        out.data_ptr(),
+    )
+    return out

@@ -1,0 +1,233 @@
+"""kernels._native: TernGrad's and QSGD's compiled CPU kernels against the reference.
+
+The quantizers (the ``fused_rng`` path) draw their own noise (a counter hash); given the same numbers
+from ``counter_uniform`` (torch ops), the reference must produce the same bytes, bit for bit, at sizes
+around the kernels' staging chunk (8,192 codes) and byte boundaries, per tensor and per bucket. The
+decoders must give the reference's fp32 sums bit for bit for any bytes, scalers and worker count.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from common.compressors.base import CompressorRNG
+from common.compressors.qsgd import QSGD
+from common.compressors.terngrad import TernGrad
+from kernels import _native
+from kernels._buckets import bucket_norms
+from kernels.pack_bits import reference as pack_ref
+from kernels.qsgd_quantize import qsgd_dequantize_accumulate, qsgd_quantize
+from kernels.qsgd_quantize import reference as qsgd_ref
+from kernels.ternarize import reference as ternarize_ref
+from kernels.ternarize import ternarize, ternary_decode_accumulate
+from tests.kernels.helpers import assert_unbiased, global_rng_untouched
+
+SIZES = (1, 7, 8191, 8192, 8193, 3 * 8192 + 5)
+KEYS = (0x9E3779B9, 12345)
+
+
+@pytest.fixture(autouse=True)
+def native() -> None:
+    if not _native.available():  # CI has a C compiler: a missing one is a failure there, not a skip
+        pytest.fail(f"the compiled CPU kernels did not build: {_native.unavailable_reason()}")
+
+
+def special_gradient(numel: int, gen: torch.Generator) -> torch.Tensor:
+    g = torch.randn(numel, generator=gen)
+    specials = torch.tensor([0.0, -0.0, 1e-30, -1e-30, 50.0, -50.0])
+    g[: min(numel, specials.numel())] = specials[:numel]
+    return g
+
+
+@pytest.mark.parametrize("numel", [0, *SIZES, 100_003])
+def test_uniform_equals_torch_twin(numel: int) -> None:
+    u = _native.uniform(numel, KEYS)
+    assert torch.equal(u, _native.counter_uniform(numel, KEYS))
+    if numel:
+        assert float(u.min()) >= 0.0 and float(u.max()) < 1.0
+        assert bool((u * 2**24 == (u * 2**24).floor()).all())  # 24-bit grid, as torch.rand's
+
+
+def test_uniform_is_uniform_and_keyed() -> None:
+    u = _native.uniform(1_000_000, KEYS)
+    # mean 1/2 and variance 1/12 within ~5 standard errors; a decile histogram within 2 % of flat
+    assert abs(float(u.double().mean()) - 0.5) < 5 * (1 / 12) ** 0.5 / 1000
+    assert abs(float(u.double().var()) - 1 / 12) < 5e-4
+    counts = torch.histc(u, bins=10, min=0.0, max=1.0)
+    assert float((counts / 100_000 - 1).abs().max()) < 0.02
+    other = _native.uniform(1_000_000, (KEYS[0], KEYS[1] + 1))
+    assert float(torch.corrcoef(torch.stack([u, other]))[0, 1]) == pytest.approx(0.0, abs=5e-3)
+    assert not torch.equal(u[:100], _native.uniform(100, (KEYS[0] + 1, KEYS[1])))
+
+
+@pytest.mark.parametrize("numel", SIZES)
+@pytest.mark.parametrize("bucket_size", [None, 1, 333, 512])
+def test_ternarize_bit_exact(numel: int, bucket_size: int | None, gen) -> None:
+    g = special_gradient(numel, gen)
+    size = numel if bucket_size is None else bucket_size
+    scalers = torch.rand(math.ceil(numel / size), generator=gen) * 3
+    scalers[0] = 0.0 if numel > 4 else scalers[0]  # a zero scaler: everything clipped to +-0
+    noise = _native.counter_uniform(numel, KEYS)
+    expected = ternarize_ref.ternarize(g, scalers, size, noise)
+    assert torch.equal(_native.ternarize(g, scalers, size, KEYS), expected)
+
+
+@pytest.mark.parametrize("numel", SIZES)
+@pytest.mark.parametrize("bits", [2, 4, 8])
+@pytest.mark.parametrize("bucket_size", [1, 333, 512, 10**6])
+def test_qsgd_bit_exact(numel: int, bits: int, bucket_size: int, gen) -> None:
+    v = special_gradient(numel, gen)
+    noise = _native.counter_uniform(numel, KEYS)
+    for norm in ("l2", "max"):
+        scales = qsgd_ref.level_scales(bucket_norms(v, bucket_size, norm), bits).contiguous()
+        expected = pack_ref.pack_codes(qsgd_ref.qsgd_codes(v, scales, bucket_size, noise, bits), bits)
+        assert torch.equal(_native.qsgd_quantize(v, scales, bits, bucket_size, KEYS), expected), norm
+
+
+def test_dispatch_draws_keys_from_the_generator(gen) -> None:
+    g = torch.randn(10_000, generator=gen, dtype=torch.float64).to(torch.bfloat16)
+    scaler = g.float().abs().max()
+    twin = torch.Generator().set_state(gen.get_state())
+    packed = ternarize(g, scaler, generator=gen, fused_rng=True)
+    keys = _native.draw_keys(twin)
+    assert torch.equal(
+        packed,
+        ternarize_ref.ternarize(
+            g.float(), scaler.reshape(1), g.numel(), _native.counter_uniform(g.numel(), keys)
+        ),
+    )
+    assert torch.equal(gen.get_state(), twin.get_state())  # two keys drawn, nothing else
+
+    twin.set_state(gen.get_state())
+    codes, norms = qsgd_quantize(g, bits=4, generator=gen, fused_rng=True, backend="native")
+    keys = _native.draw_keys(twin)
+    noise = _native.counter_uniform(g.numel(), keys)
+    expected = qsgd_ref.qsgd_quantize(g.float(), 4, 512, "l2", noise)
+    assert torch.equal(codes, expected[0]) and torch.equal(norms, expected[1])
+
+
+def test_never_touches_the_global_rng(gen) -> None:
+    g = torch.randn(5000, generator=gen)
+    global_rng_untouched(lambda: ternarize(g, 1.0, generator=gen, fused_rng=True))
+    global_rng_untouched(lambda: qsgd_quantize(g, generator=gen, fused_rng=True))
+
+
+def test_fused_ternarize_is_unbiased(gen) -> None:
+    g = torch.randn(64, generator=gen)
+    s = float(g.abs().max())
+    decoded = torch.stack(
+        [
+            ternarize_ref.byte_to_ternary(g.device)[
+                ternarize(g, s, generator=gen, fused_rng=True).long()
+            ].reshape(-1)[:64]
+            * s
+            for _ in range(4000)
+        ]
+    )
+    assert_unbiased(decoded, g, torch.sqrt(g.abs() * (s - g.abs())))
+
+
+def test_backend_errors(gen, monkeypatch) -> None:
+    g = torch.randn(10, generator=gen)
+    with pytest.raises(ValueError, match="fused_rng=True"):
+        ternarize(g, 1.0, generator=gen, backend="native")
+    with pytest.raises(ValueError, match="do not pass noise"):
+        qsgd_quantize(g, noise=torch.rand(10, generator=gen), fused_rng=True, backend="native")
+    with pytest.raises(ValueError, match="pass generator="):
+        ternarize(g, 1.0, fused_rng=True, backend="native")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        ternarize(g, 1.0, generator=gen, fused_rng=True, backend="c")
+    monkeypatch.setattr(_native, "_load", lambda: "no C compiler: 'cc' is not on PATH (set CC to one)")
+    with pytest.raises(RuntimeError, match="no C compiler"):
+        qsgd_quantize(g, generator=gen, fused_rng=True, backend="native")
+    # "auto" without the compiled kernels: the reference, which ignores fused_rng (torch.rand's stream)
+    twin = torch.Generator().set_state(gen.get_state())
+    assert torch.equal(
+        ternarize(g, 1.0, generator=gen, fused_rng=True),
+        ternarize_ref.ternarize(g, torch.ones(1), 10, torch.rand(10, generator=twin)),
+    )
+
+
+def test_missing_compiler_is_named(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setenv("THINWIRE_CACHE", str(tmp_path))
+    _native._load.cache_clear()
+    try:
+        assert not _native.available()
+        assert "no-such-cc" in (_native.unavailable_reason() or "")
+    finally:
+        monkeypatch.undo()
+        _native._load.cache_clear()
+    assert _native.available()
+
+
+@pytest.mark.parametrize(
+    "compressor", [TernGrad(fused_rng=True), QSGD(bits=4, fused_rng=True)], ids=["terngrad", "qsgd"]
+)
+def test_compressor_option_resumes_bit_exact(compressor) -> None:
+    x = torch.randn(20_000, generator=torch.Generator().manual_seed(3))
+    rng = CompressorRNG(seed=7, rank=0)
+    state = rng.local.get_state()
+    first = compressor.compress(x, rng)
+    rng.local.set_state(state)
+    again = compressor.compress(x, rng)
+    assert all(torch.equal(first.wire[k], again.wire[k]) for k in first.wire)
+    rng.local.set_state(state)
+    plain = type(compressor)(**({"bits": 4} if isinstance(compressor, QSGD) else {})).compress(x, rng)
+    assert not torch.equal(first.wire["codes"], plain.wire["codes"])  # another stream than torch.rand
+
+
+@pytest.mark.parametrize("build", [TernGrad, QSGD])
+def test_compressor_rejects_a_non_bool(build) -> None:
+    with pytest.raises(ValueError, match="fused_rng must be true or false.*'yes'"):
+        build(fused_rng="yes")
+
+
+@pytest.mark.parametrize("numel", SIZES)
+@pytest.mark.parametrize("bucket_size", [None, 1, 333])
+@pytest.mark.parametrize("workers", [1, 2, 3, 5])
+def test_ternary_decode_bit_exact(numel: int, bucket_size: int | None, workers: int, gen) -> None:
+    packed = torch.randint(0, 256, (workers, math.ceil(numel / 4)), generator=gen, dtype=torch.uint8)
+    size = numel if bucket_size is None else bucket_size
+    scalers = torch.rand(workers, math.ceil(numel / size), generator=gen) * 3
+    scalers[0, 0] = 0.0  # a zero scaler decodes to +0.0 (0 * -1 = -0.0, plus the kernel's 0.0)
+    expected = ternarize_ref.ternary_decode_accumulate(packed, scalers, numel, size)
+    assert torch.equal(_native.ternary_decode(packed, scalers, numel, size), expected)
+    assert not bool(torch.signbit(expected[expected == 0]).any())
+    if bucket_size is None:  # one scaler shared by every worker: the reference's int8-sum route
+        shared = scalers[:1, :1].expand(workers, 1).contiguous() + 0.5
+        expected = ternarize_ref.ternary_decode_accumulate(packed, shared, numel, size)
+        assert torch.equal(_native.ternary_decode(packed, shared, numel, size), expected)
+
+
+@pytest.mark.parametrize("numel", SIZES)
+@pytest.mark.parametrize("bits", [2, 4, 8])
+@pytest.mark.parametrize("workers", [1, 2, 4])
+def test_qsgd_decode_bit_exact(numel: int, bits: int, workers: int, gen) -> None:
+    bucket_size = 333
+    packed = torch.randint(0, 256, (workers, math.ceil(numel * bits / 8)), generator=gen, dtype=torch.uint8)
+    norms = torch.rand(workers, math.ceil(numel / bucket_size), generator=gen) * 5
+    norms[0, 0] = 0.0
+    expected = qsgd_ref.qsgd_dequantize_accumulate(packed, norms, numel, bits, bucket_size)
+    units = qsgd_ref.level_units(norms, bits).contiguous()
+    assert torch.equal(_native.qsgd_decode(packed, units, numel, bits, bucket_size), expected)
+
+
+def test_decoders_dispatch_to_native_on_cpu(gen, monkeypatch) -> None:
+    packed = torch.randint(0, 256, (2, 250), generator=gen, dtype=torch.uint8)
+    scalers = torch.rand(2, generator=gen)
+    calls: list[str] = []
+    real = _native.ternary_decode
+    monkeypatch.setattr(_native, "ternary_decode", lambda *a: calls.append("native") or real(*a))
+    auto = ternary_decode_accumulate(packed, scalers, 1000)
+    assert calls == ["native"]
+    assert torch.equal(auto, ternary_decode_accumulate(packed, scalers, 1000, backend="reference"))
+    assert calls == ["native"]  # "reference" is the reference
+    norms = torch.rand(2, 2, generator=gen)
+    assert torch.equal(
+        qsgd_dequantize_accumulate(packed, norms, 1000, bits=2, bucket_size=512, backend="native"),
+        qsgd_dequantize_accumulate(packed, norms, 1000, bits=2, bucket_size=512, backend="reference"),
+    )
