@@ -123,11 +123,22 @@ void tw_qsgd_quantize(const float *v, int64_t n, const float *scales, int64_t bu
  * with value the signed level (QSGD) or the ternary value in {-1, 0, 1} (TernGrad, code 3 -> 0) and
  * unit_w,b the bucket's level unit (n_b / s) or scaler: one product and one sum each, as the
  * reference's table lookup, bucket multiply and sum_in_worker_order round. packed is [W, M] rows of
- * M bytes, units [W, B]; lut [256 * (8 / bits)] holds each byte's values. Inlined with a constant
- * `bits`, so the byte index and shift are shifts. */
+ * M bytes, units [W, B]. Inlined with constant `bits` and `ternary`, so the byte index and shifts
+ * are constants and the whole-byte loops vectorize. */
+/* The value of code k of a byte without a table: QSGD's signed level, or TernGrad's {0, 1, -1, 0}
+ * (ternary: codes 1 and 2, i.e. bit 0 minus bit 1 when both are not set). */
+static inline float tw_code_value(uint32_t byte, int k, int bits, int ternary) {
+    const uint32_t code = (byte >> (k * bits)) & ((1U << bits) - 1);
+    if (ternary) return (float)((int)(code & 1U) - (int)(code >> 1)) * (float)(code != 3U);
+    const uint32_t s = (1U << (bits - 1)) - 1;
+    const float level = (float)(code & s);
+    return (code >> (bits - 1)) ? -level : level;
+}
+#define TW_VALUE(byte, k) tw_code_value((byte), (k), bits, ternary)
+
 static inline void tw_decode(const uint8_t *restrict packed, int64_t workers, int64_t row_bytes, int64_t n,
                              const float *restrict units, int64_t num_units, int64_t bucket, const int bits,
-                             const float *restrict lut, float *restrict out) {
+                             const int ternary, float *restrict out) {
     const int per = 8 / bits;
     for (int64_t w = 0; w < workers; ++w) {
         const uint8_t *restrict row = packed + w * row_bytes;
@@ -139,20 +150,17 @@ static inline void tw_decode(const uint8_t *restrict packed, int64_t workers, in
             const int64_t head = (i + per - 1) / per * per < stop ? (i + per - 1) / per * per : stop;
             const int64_t tail = head + (stop - head) / per * per;
             for (int64_t j = i; j < head; ++j)
-                out[j] = (w ? out[j] : 0.0f) + lut[row[j / per] * per + j % per] * unit;
+                out[j] = (w ? out[j] : 0.0f) + TW_VALUE(row[j / per], j % per) * unit;
             if (w == 0) {
-                for (int64_t m = head / per; m < tail / per; ++m) {
-                    const float *e = lut + row[m] * per;
-                    for (int k = 0; k < per; ++k) out[m * per + k] = 0.0f + e[k] * unit;
-                }
+                for (int64_t m = head / per; m < tail / per; ++m)
+                    for (int k = 0; k < per; ++k) out[m * per + k] = 0.0f + TW_VALUE(row[m], k) * unit;
             } else {
-                for (int64_t m = head / per; m < tail / per; ++m) {
-                    const float *e = lut + row[m] * per;
-                    for (int k = 0; k < per; ++k) out[m * per + k] = out[m * per + k] + e[k] * unit;
-                }
+                for (int64_t m = head / per; m < tail / per; ++m)
+                    for (int k = 0; k < per; ++k)
+                        out[m * per + k] = out[m * per + k] + TW_VALUE(row[m], k) * unit;
             }
             for (int64_t j = tail; j < stop; ++j)
-                out[j] = (w ? out[j] : 0.0f) + lut[row[j / per] * per + j % per] * unit;
+                out[j] = (w ? out[j] : 0.0f) + TW_VALUE(row[j / per], j % per) * unit;
             i = stop;
         }
     }
@@ -160,27 +168,12 @@ static inline void tw_decode(const uint8_t *restrict packed, int64_t workers, in
 
 void tw_qsgd_decode(const uint8_t *packed, int64_t workers, int64_t row_bytes, int64_t n,
                     const float *units, int64_t num_units, int64_t bucket, int bits, float *out) {
-    float lut[256 * 4];
-    const int per = 8 / bits;
-    const uint32_t s = (1U << (bits - 1)) - 1;
-    for (int byte = 0; byte < 256; ++byte)
-        for (int k = 0; k < per; ++k) {
-            const uint32_t code = ((uint32_t)byte >> (k * bits)) & ((1U << bits) - 1);
-            const float level = (float)(code & s);
-            lut[byte * per + k] = code > s ? -level : level;
-        }
-    if (bits == 2) tw_decode(packed, workers, row_bytes, n, units, num_units, bucket, 2, lut, out);
-    else if (bits == 4) tw_decode(packed, workers, row_bytes, n, units, num_units, bucket, 4, lut, out);
-    else tw_decode(packed, workers, row_bytes, n, units, num_units, bucket, 8, lut, out);
+    if (bits == 2) tw_decode(packed, workers, row_bytes, n, units, num_units, bucket, 2, 0, out);
+    else if (bits == 4) tw_decode(packed, workers, row_bytes, n, units, num_units, bucket, 4, 0, out);
+    else tw_decode(packed, workers, row_bytes, n, units, num_units, bucket, 8, 0, out);
 }
 
 void tw_ternary_decode(const uint8_t *packed, int64_t workers, int64_t row_bytes, int64_t n,
                        const float *scalers, int64_t num_scalers, int64_t bucket, float *out) {
-    float lut[256 * 4];
-    for (int byte = 0; byte < 256; ++byte)
-        for (int k = 0; k < 4; ++k) {
-            const uint32_t code = ((uint32_t)byte >> (k * 2)) & 3U;
-            lut[byte * 4 + k] = code == 1 ? 1.0f : (code == 2 ? -1.0f : 0.0f);
-        }
-    tw_decode(packed, workers, row_bytes, n, scalers, num_scalers, bucket, 2, lut, out);
+    tw_decode(packed, workers, row_bytes, n, scalers, num_scalers, bucket, 2, 1, out);
 }
