@@ -100,7 +100,7 @@ static void tw_qsgd_codes(const float *v, int64_t start, int64_t end, const floa
             const float a = v[j] < 0.0f ? -v[j] : v[j];
             float x = a * scale;
             x = x + tw_uniform_at(j, k1, k2);
-            x = x > s ? s : x;
+            x = x < s ? x : s; /* min(x, s); a NaN becomes s, not an undefined conversion */
             const uint8_t level = (uint8_t)(int8_t)x;
             const uint8_t negative = (uint8_t)(tw_sign_bit(v[j]) & (level != 0));
             codes[j - start] = (uint8_t)(level + (negative << sign_shift));

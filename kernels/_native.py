@@ -194,16 +194,15 @@ def qsgd_quantize(
     return out
 
 
-def qsgd_decode(
-    packed_W_M: torch.Tensor, units_W_B: torch.Tensor, numel: int, bits: int, bucket_size: int
+def _decode(
+    kernel: str, packed_W_M: torch.Tensor, units_W_B: torch.Tensor, numel: int, bucket_size: int, *extra: int
 ) -> torch.Tensor:
-    """fp32 ``[numel]``: the reference's ``qsgd_dequantize_accumulate`` (worker order, one product and
-    one sum per payload) from the per-bucket level units ``n_b / s``, bit for bit, in one pass."""
+    """Run decoder ``kernel`` on W payloads ``[W, M]`` with per-bucket units ``[W, B]``: fp32 ``[numel]``."""
     _check_cpu(torch.uint8, packed=packed_W_M)
     _check_cpu(torch.float32, units=units_W_B)
     out = torch.empty(numel, dtype=torch.float32)
     workers, row_bytes = packed_W_M.shape
-    _lib().tw_qsgd_decode(
+    getattr(_lib(), kernel)(
         packed_W_M.data_ptr(),
         workers,
         row_bytes,
@@ -211,28 +210,22 @@ def qsgd_decode(
         units_W_B.data_ptr(),
         units_W_B.shape[1],
         bucket_size,
-        bits,
+        *extra,
         out.data_ptr(),
     )
     return out
+
+
+def qsgd_decode(
+    packed_W_M: torch.Tensor, units_W_B: torch.Tensor, numel: int, bits: int, bucket_size: int
+) -> torch.Tensor:
+    """fp32 ``[numel]``: the reference's ``qsgd_dequantize_accumulate`` (worker order, one product and
+    one sum per payload) from the per-bucket level units ``n_b / s``, bit for bit, in one pass."""
+    return _decode("tw_qsgd_decode", packed_W_M, units_W_B, numel, bucket_size, bits)
 
 
 def ternary_decode(
     packed_W_M: torch.Tensor, scalers_W_B: torch.Tensor, numel: int, bucket_size: int
 ) -> torch.Tensor:
     """fp32 ``[numel]``: the reference's ``ternary_decode_accumulate``, bit for bit, in one pass."""
-    _check_cpu(torch.uint8, packed=packed_W_M)
-    _check_cpu(torch.float32, scalers=scalers_W_B)
-    out = torch.empty(numel, dtype=torch.float32)
-    workers, row_bytes = packed_W_M.shape
-    _lib().tw_ternary_decode(
-        packed_W_M.data_ptr(),
-        workers,
-        row_bytes,
-        numel,
-        scalers_W_B.data_ptr(),
-        scalers_W_B.shape[1],
-        bucket_size,
-        out.data_ptr(),
-    )
-    return out
+    return _decode("tw_ternary_decode", packed_W_M, scalers_W_B, numel, bucket_size)
