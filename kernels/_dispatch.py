@@ -9,9 +9,10 @@ Every public kernel function takes ``backend="reference" | "triton" | "auto"``:
   Triton interpreter, used by the tests on CPU). Anything else is a ``RuntimeError``: an explicit
   request for a kernel that cannot run is not silently served by the reference.
 
-TernGrad's and QSGD's ops also take ``"native"``, their compiled C kernels on CPU tensors
-(``kernels._native``): the quantizers' ``fused_rng`` path (noise drawn in the kernel) and the
-decoders (bit-exact with the reference). ``"auto"`` picks them on CPU tensors whenever they build.
+TernGrad's and QSGD's ops and ``threshold_select`` also take ``"native"``, their compiled C kernels
+on CPU tensors (``kernels._native``): the quantizers' ``fused_rng`` path (noise drawn in the kernel),
+the decoders and the threshold selection (both bit-exact with the reference). ``"auto"`` picks them
+on CPU tensors whenever they build.
 
 ``TRITON_INTERPRET`` is read by ``@triton.jit`` when a kernel is *defined*, so it must be set before
 the first Triton call; the ``triton.py`` modules are imported lazily, on that first call.
@@ -27,8 +28,8 @@ from typing import Literal
 import torch
 
 Backend = Literal["reference", "triton", "auto"]
-#: TernGrad's and QSGD's ops: also ``"native"``, their compiled CPU kernels (``kernels._native``).
-QuantizerBackend = Literal["reference", "triton", "auto", "native"]
+#: The ops with a compiled CPU kernel (``kernels._native``) also take ``"native"``.
+NativeBackend = Literal["reference", "triton", "auto", "native"]
 BACKENDS: tuple[str, ...] = ("reference", "triton", "auto")
 
 # Kernels index with int32 offsets; the last program's offsets run up to one block past numel, so

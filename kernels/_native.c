@@ -177,3 +177,26 @@ void tw_ternary_decode(const uint8_t *packed, int64_t workers, int64_t row_bytes
                        const float *scalers, int64_t num_scalers, int64_t bucket, float *out) {
     tw_decode(packed, workers, row_bytes, n, scalers, num_scalers, bucket, 2, 1, out);
 }
+
+/* Threshold selection (DGC, ExDyna): the entries with |x_i| >= thr, in ascending position, into
+ * buffers of `capacity` slots (slots past the count hold value 0 at index 0); returns the exact count,
+ * which may exceed capacity. The reference's compare, nonzero and gather in one pass. */
+int64_t tw_threshold_select(const float *x, int64_t n, float thr, int64_t capacity, float *values,
+                            int32_t *indices) {
+    int64_t count = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        const float a = x[i] < 0.0f ? -x[i] : x[i];
+        if (a >= thr) {
+            if (count < capacity) {
+                values[count] = x[i];
+                indices[count] = (int32_t)i;
+            }
+            ++count;
+        }
+    }
+    for (int64_t j = count < capacity ? count : capacity; j < capacity; ++j) {
+        values[j] = 0.0f;
+        indices[j] = 0;
+    }
+    return count;
+}

@@ -1,4 +1,5 @@
-"""Compiled CPU kernels of TernGrad and QSGD: the ``fused_rng`` quantizers and the decoders (``_native.c``).
+"""Compiled CPU kernels (``_native.c``): TernGrad's and QSGD's ``fused_rng`` quantizers and decoders,
+and DGC's / ExDyna's threshold selection.
 
 On a CPU the pure-torch references make one pass over the gradient per op: ``torch.rand`` draws
 the noise (Mersenne Twister, ~4-7 ns an entry on one core: most of TernGrad's and QSGD's
@@ -10,7 +11,8 @@ its noise is made. Not bit-exact with the ``torch.rand`` stream (no fused path i
 bit-exact with the reference given :func:`counter_uniform`'s numbers, which is how it is tested.
 The decoders (``ternary_decode_accumulate``, ``qsgd_dequantize_accumulate``) are deterministic: one
 loop gives the reference's values bit for bit, where the reference makes a pass per op (a table
-gather, a bucket multiply, a sum per worker), so ``backend="auto"`` takes them on any CPU tensor.
+gather, a bucket multiply, a sum per worker), so ``backend="auto"`` takes them on any CPU tensor; so
+is ``threshold_select`` (the reference's abs, compare, ``nonzero`` and gather in one pass).
 
 The library is compiled on first use with the C compiler (``$CC``, else ``cc``) into
 ``$THINWIRE_CACHE/kernels`` (default ``<repo>/.cache/kernels``, git-ignored), named by a hash of
@@ -103,6 +105,8 @@ def _load() -> ctypes.CDLL | str:
         lib.tw_ternary_decode,
     ):
         fn.restype = None
+    lib.tw_threshold_select.argtypes = [ptr, i64, ctypes.c_float, i64, ptr, ptr]
+    lib.tw_threshold_select.restype = i64
     return lib
 
 
@@ -229,3 +233,17 @@ def ternary_decode(
 ) -> torch.Tensor:
     """fp32 ``[numel]``: the reference's ``ternary_decode_accumulate``, bit for bit, in one pass."""
     return _decode("tw_ternary_decode", packed_W_M, scalers_W_B, numel, bucket_size)
+
+
+def threshold_select(
+    x_N: torch.Tensor, threshold: float, capacity: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The reference's ``threshold_select`` for fp32 ``x_N`` in one pass: ``(values [K], indices int32
+    [K], count int64 0-dim)``, ascending positions, bit for bit."""
+    _check_cpu(torch.float32, x=x_N)
+    values = torch.empty(capacity, dtype=torch.float32)
+    indices = torch.empty(capacity, dtype=torch.int32)
+    count = _lib().tw_threshold_select(
+        x_N.data_ptr(), x_N.numel(), threshold, capacity, values.data_ptr(), indices.data_ptr()
+    )
+    return values, indices, torch.tensor(count, dtype=torch.int64)

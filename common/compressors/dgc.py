@@ -59,7 +59,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from kernels._dispatch import use_triton
+from kernels._dispatch import use_native, use_triton
 from kernels.threshold_select import estimate_threshold, threshold_select
 
 from .base import CompressorRNG, Payload, SparseCompressor, check_density, index_dtype, num_kept
@@ -228,11 +228,15 @@ class DGC(SparseCompressor):
         ``values_C`` / ``indices_C`` every entry with ``|x| >= threshold``.
 
         As the code: ``|x|`` once (in fp32), then a comparison and a ``nonzero`` per round, the
-        values listed once at the end (position order). ``fused`` (default: on CUDA with Triton):
-        ``kernels.threshold_select`` takes the place of each round instead (no |x| or mask in
-        memory; buffers of ``upper_bound * k`` slots, read again only on overflow).
+        values listed once at the end (position order). ``fused`` (default: on CUDA with Triton, and
+        on fp32 CPU tensors where the compiled kernels build): ``kernels.threshold_select`` takes the
+        place of each round instead (no |x| or mask in memory; buffers of ``upper_bound * k`` slots,
+        read again only on overflow; the CPU kernel lists in position order, so the selection is the
+        mask rounds' bit for bit).
         """
-        fused = use_triton("auto", x_N.device) if fused is None else fused
+        if fused is None:  # the fused kernel on CUDA, or the compiled one on a CPU (the same selection)
+            cpu_kernel = x_N.dtype == torch.float32 and use_native("auto", x_N.device)
+            fused = use_triton("auto", x_N.device) or cpu_kernel
         select, listed = self._fused_rounds(x_N, k) if fused else self._mask_rounds(x_N)
         selection = select(threshold)
         if whole:

@@ -21,7 +21,7 @@ import torch
 from kernels import _native
 from kernels._buckets import Norm, check_bucket_size, num_buckets
 from kernels._dispatch import (
-    QuantizerBackend,
+    NativeBackend,
     check_floating,
     check_numel,
     check_same_device,
@@ -55,7 +55,7 @@ def qsgd_quantize(
     noise: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
     fused_rng: bool = False,
-    backend: QuantizerBackend = "auto",
+    backend: NativeBackend = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize ``v`` to ``(packed uint8 [ceil(numel * bits / 8)], norms fp32 [num_buckets])``.
 
@@ -102,7 +102,7 @@ def qsgd_dequantize_accumulate(
     *,
     bits: int = 4,
     bucket_size: int = DEFAULT_BUCKET_SIZE,
-    backend: QuantizerBackend = "auto",
+    backend: NativeBackend = "auto",
 ) -> torch.Tensor:
     """fp32 sum of W decoded payloads: ``packed [W, bytes]``, ``norms [W, num_buckets]`` -> ``[numel]``.
 
@@ -151,7 +151,7 @@ def qsgd_dequantize(
     *,
     bits: int = 4,
     bucket_size: int = DEFAULT_BUCKET_SIZE,
-    backend: QuantizerBackend = "auto",
+    backend: NativeBackend = "auto",
 ) -> torch.Tensor:
     """Decode one payload (1-D ``packed``, ``norms [num_buckets]``) to fp32 ``[numel]``; reshape as needed."""
     if packed.dim() != 1:

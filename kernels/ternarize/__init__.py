@@ -21,7 +21,7 @@ import torch
 from kernels import _native
 from kernels._buckets import check_bucket_size, num_buckets
 from kernels._dispatch import (
-    QuantizerBackend,
+    NativeBackend,
     check_floating,
     check_numel,
     check_same_device,
@@ -66,7 +66,7 @@ def ternarize(
     noise: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
     fused_rng: bool = False,
-    backend: QuantizerBackend = "auto",
+    backend: NativeBackend = "auto",
 ) -> torch.Tensor:
     """Stochastically ternarize ``g`` (read flat) into ``ceil(numel / 4)`` packed bytes.
 
@@ -110,7 +110,7 @@ def ternary_decode_accumulate(
     numel: int,
     *,
     bucket_size: int | None = None,
-    backend: QuantizerBackend = "auto",
+    backend: NativeBackend = "auto",
 ) -> torch.Tensor:
     """fp32 ``sum_w scalers_w * code_w`` over W ternary payloads: ``[numel]``.
 

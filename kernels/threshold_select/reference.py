@@ -29,6 +29,8 @@ def threshold_select(
     selected_N = x_N.to(torch.float32).abs() >= threshold
     count = torch.count_nonzero(selected_N)  # a bool .sum() is 20x slower on CPU
     indices_K = torch.nonzero_static(selected_N, size=capacity, fill_value=0).view(-1)
+    if x_N.numel() == 0:  # no entry to read at the fill index 0
+        return x_N.new_zeros(capacity), indices_K.to(torch.int32), count
     filled_K = torch.arange(capacity, device=x_N.device) < count
     values_K = torch.where(filled_K, x_N[indices_K], torch.zeros((), dtype=x_N.dtype, device=x_N.device))
     return values_K, indices_K.to(torch.int32), count

@@ -3,7 +3,8 @@
 The quantizers (the ``fused_rng`` path) draw their own noise (a counter hash); given the same numbers
 from ``counter_uniform`` (torch ops), the reference must produce the same bytes, bit for bit, at sizes
 around the kernels' staging chunk (8,192 codes) and byte boundaries, per tensor and per bucket. The
-decoders must give the reference's fp32 sums bit for bit for any bytes, scalers and worker count.
+decoders must give the reference's fp32 sums bit for bit for any bytes, scalers and worker count,
+and the threshold selection the reference's buffers and count.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from kernels.qsgd_quantize import qsgd_dequantize_accumulate, qsgd_quantize
 from kernels.qsgd_quantize import reference as qsgd_ref
 from kernels.ternarize import reference as ternarize_ref
 from kernels.ternarize import ternarize, ternary_decode_accumulate
+from kernels.threshold_select import threshold_select
+from kernels.threshold_select.reference import threshold_select as threshold_select_ref
 from tests.kernels.helpers import assert_unbiased, global_rng_untouched
 
 SIZES = (1, 7, 8191, 8192, 8193, 3 * 8192 + 5)
@@ -231,3 +234,26 @@ def test_decoders_dispatch_to_native_on_cpu(gen, monkeypatch) -> None:
         qsgd_dequantize_accumulate(packed, norms, 1000, bits=2, bucket_size=512, backend="native"),
         qsgd_dequantize_accumulate(packed, norms, 1000, bits=2, bucket_size=512, backend="reference"),
     )
+
+
+@pytest.mark.parametrize("numel", [0, *SIZES])
+@pytest.mark.parametrize("capacity", [0, 3, 50, 10**5])
+def test_threshold_select_bit_exact(numel: int, capacity: int, gen) -> None:
+    x = special_gradient(numel, gen)
+    for threshold in (0.0, 1.5, 1e9):
+        t = torch.tensor(threshold)
+        expected = threshold_select_ref(x, t, capacity)
+        got = _native.threshold_select(x, threshold, capacity)
+        assert all(torch.equal(a, b) for a, b in zip(got, expected)), (threshold, capacity)
+
+
+def test_threshold_select_dispatch(gen, monkeypatch) -> None:
+    x = torch.randn(20_000, generator=gen)
+    calls: list[int] = []
+    real = _native.threshold_select
+    monkeypatch.setattr(_native, "threshold_select", lambda *a: calls.append(1) or real(*a))
+    auto = threshold_select(x, 2.0, 2000)
+    reference = threshold_select(x, 2.0, 2000, backend="reference")
+    assert calls == [1] and all(torch.equal(a, b) for a, b in zip(auto, reference))
+    threshold_select(x.to(torch.bfloat16), 2.0, 2000)  # bf16: the reference (the kernel reads fp32)
+    assert calls == [1]
