@@ -200,3 +200,14 @@ int64_t tw_threshold_select(const float *x, int64_t n, float thr, int64_t capaci
     }
     return count;
 }
+
+/* DGC's momentum correction (kernels/ef_update): u = m * u + g, v = v + u, in place, one pass; the
+ * product and each sum rounded on their own, as the reference's mul_, add_, add_. */
+void tw_ef_update(float *restrict u, float *restrict v, const float *restrict g, int64_t n, float m) {
+    for (int64_t i = 0; i < n; ++i) {
+        float t = m * u[i];
+        t = t + g[i];
+        u[i] = t;
+        v[i] = v[i] + t;
+    }
+}

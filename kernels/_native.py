@@ -1,5 +1,5 @@
 """Compiled CPU kernels (``_native.c``): TernGrad's and QSGD's ``fused_rng`` quantizers and decoders,
-and DGC's / ExDyna's threshold selection.
+DGC's / ExDyna's threshold selection and DGC's momentum-correction update.
 
 On a CPU the pure-torch references make one pass over the gradient per op: ``torch.rand`` draws
 the noise (Mersenne Twister, ~4-7 ns an entry on one core: most of TernGrad's and QSGD's
@@ -107,6 +107,8 @@ def _load() -> ctypes.CDLL | str:
         fn.restype = None
     lib.tw_threshold_select.argtypes = [ptr, i64, ctypes.c_float, i64, ptr, ptr]
     lib.tw_threshold_select.restype = i64
+    lib.tw_ef_update.argtypes = [ptr, ptr, ptr, i64, ctypes.c_float]
+    lib.tw_ef_update.restype = None
     return lib
 
 
@@ -247,3 +249,12 @@ def threshold_select(
         x_N.data_ptr(), x_N.numel(), threshold, capacity, values.data_ptr(), indices.data_ptr()
     )
     return values, indices, torch.tensor(count, dtype=torch.int64)
+
+
+def ef_update(u_N: torch.Tensor, v_N: torch.Tensor, g_N: torch.Tensor, momentum: float) -> None:
+    """In place, fp32: ``u = momentum * u + g; v += u`` in one pass (the reference's three ops, bit for
+    bit: the momentum is rounded to fp32 as torch rounds a Python scalar for an fp32 tensor)."""
+    _check_cpu(torch.float32, u=u_N, v=v_N, g=g_N)
+    if not u_N.numel() == v_N.numel() == g_N.numel():
+        raise ValueError(f"u, v and g must have one size, got {u_N.numel()}, {v_N.numel()}, {g_N.numel()}")
+    _lib().tw_ef_update(u_N.data_ptr(), v_N.data_ptr(), g_N.data_ptr(), u_N.numel(), momentum)

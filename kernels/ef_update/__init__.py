@@ -9,18 +9,23 @@ it; ``ef_update`` with indices does both when they are known up front. ``num_sen
 of a padded fixed-capacity index buffer, without a host synchronisation.
 
 ``u`` and ``v`` are fp32 and contiguous (they are updated in place); ``g`` is fp32, fp16 or bf16.
+With an fp32 ``g`` on a CPU, ``"auto"`` runs the update as one compiled loop (``kernels._native``),
+the reference's values bit for bit.
 """
 
 from __future__ import annotations
 
 import torch
 
+from kernels import _native
 from kernels._dispatch import (
     Backend,
+    NativeBackend,
     check_floating,
     check_index_dtype,
     check_numel,
     check_same_device,
+    use_native,
     use_triton,
 )
 from kernels.ef_update import reference
@@ -64,7 +69,7 @@ def ef_update(
     sent_indices: torch.Tensor | None = None,
     *,
     num_sent: torch.Tensor | int | None = None,
-    backend: Backend = "auto",
+    backend: NativeBackend = "auto",
 ) -> None:
     """In place: ``u = momentum * u + g; v += u``; then zero ``u``, ``v`` at ``sent_indices``."""
     _check_state(u, v)
@@ -74,6 +79,11 @@ def ef_update(
     check_same_device(u=u, v=v, g=g)
     count = None if sent_indices is None else _check_sent(u, sent_indices, num_sent)
     u_N, v_N, g_N = u.view(-1), v.view(-1), g.reshape(-1).contiguous()
+    if g_N.dtype == torch.float32 and use_native(backend, u.device):  # one pass on a CPU, same bits
+        _native.ef_update(u_N, v_N, g_N, momentum)
+        if sent_indices is not None:
+            reference.ef_mask(u_N, v_N, sent_indices, count)
+        return
     if use_triton(backend, u.device):
         from kernels.ef_update import triton as triton_impl
 

@@ -4,7 +4,8 @@ The quantizers (the ``fused_rng`` path) draw their own noise (a counter hash); g
 from ``counter_uniform`` (torch ops), the reference must produce the same bytes, bit for bit, at sizes
 around the kernels' staging chunk (8,192 codes) and byte boundaries, per tensor and per bucket. The
 decoders must give the reference's fp32 sums bit for bit for any bytes, scalers and worker count,
-and the threshold selection the reference's buffers and count.
+the threshold selection the reference's buffers and count, and the momentum-correction update the
+reference's u and v.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from common.compressors.qsgd import QSGD
 from common.compressors.terngrad import TernGrad
 from kernels import _native
 from kernels._buckets import bucket_norms
+from kernels.ef_update import ef_update
+from kernels.ef_update.reference import ef_update as ef_update_ref
 from kernels.pack_bits import reference as pack_ref
 from kernels.qsgd_quantize import qsgd_dequantize_accumulate, qsgd_quantize
 from kernels.qsgd_quantize import reference as qsgd_ref
@@ -257,3 +260,25 @@ def test_threshold_select_dispatch(gen, monkeypatch) -> None:
     assert calls == [1] and all(torch.equal(a, b) for a, b in zip(auto, reference))
     threshold_select(x.to(torch.bfloat16), 2.0, 2000)  # bf16: the reference (the kernel reads fp32)
     assert calls == [1]
+
+
+@pytest.mark.parametrize("numel", [0, *SIZES])
+@pytest.mark.parametrize("momentum", [0.9, 0.0, 1.0 / 3.0])
+def test_ef_update_bit_exact(numel: int, momentum: float, gen) -> None:
+    u, v, g = (special_gradient(numel, gen) for _ in range(3))
+    u_ref, v_ref = u.clone(), v.clone()
+    ef_update_ref(u_ref, v_ref, g, momentum, None, None)
+    _native.ef_update(u, v, g, momentum)
+    assert torch.equal(u, u_ref) and torch.equal(v, v_ref)
+
+
+def test_ef_update_dispatch_with_masking(gen) -> None:
+    u, v, g = (torch.randn(5000, generator=gen) for _ in range(3))
+    sent = torch.tensor([3, 17, 4999, 17], dtype=torch.int32)
+    u_ref, v_ref = u.clone(), v.clone()
+    ef_update(u_ref, v_ref, g, 0.9, sent, backend="reference")
+    ef_update(u, v, g, 0.9, sent)  # "auto": the compiled update, then the reference's masking
+    assert torch.equal(u, u_ref) and torch.equal(v, v_ref)
+    assert float(u[17]) == 0.0 and float(v[4999]) == 0.0
+    with pytest.raises(ValueError, match="one size"):
+        _native.ef_update(u, v, g[:10].contiguous(), 0.9)
