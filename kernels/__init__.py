@@ -4,9 +4,10 @@ One folder per op: ``reference.py`` (pure torch, any device, the specification),
 kernel, imported lazily on first use) and ``__init__.py`` (the public function, which checks its
 arguments and dispatches on ``backend="auto" | "reference" | "triton"``; see ``kernels._dispatch``).
 Randomness comes only from explicit noise tensors or generators, never the global RNG. The
-stochastic quantizers' ``fused_rng`` path (noise drawn inside the kernel) also has compiled CPU
-kernels, ``_native.c``, built with the C compiler on first use (``kernels._native``,
-``backend="native"``; ``"auto"`` takes them on CPU tensors).
+stochastic quantizers' ``fused_rng`` path (noise drawn inside the kernel), their decoders,
+``threshold_select`` and ``ef_update`` also have compiled CPU loops, ``_native.c``, built with the C
+compiler on first use (``kernels._native``, ``backend="native"``; ``"auto"`` takes them on CPU
+tensors; all but ``fused_rng`` give the reference's values bit for bit).
 
 | op folder          | public functions                                                  | paper       |
 |--------------------|-------------------------------------------------------------------|-------------|
