@@ -9,10 +9,10 @@ Every public kernel function takes ``backend="reference" | "triton" | "auto"``:
   Triton interpreter, used by the tests on CPU). Anything else is a ``RuntimeError``: an explicit
   request for a kernel that cannot run is not silently served by the reference.
 
-TernGrad's and QSGD's ops and ``threshold_select`` also take ``"native"``, their compiled C kernels
-on CPU tensors (``kernels._native``): the quantizers' ``fused_rng`` path (noise drawn in the kernel),
-the decoders and the threshold selection (both bit-exact with the reference). ``"auto"`` picks them
-on CPU tensors whenever they build.
+TernGrad's and QSGD's ops, ``threshold_select`` and ``ef_update`` also take ``"native"``, their
+compiled C loops on CPU tensors (``kernels._native``): the quantizers' ``fused_rng`` path (noise
+drawn in the loop), and the decoders, the selection and the update (the reference's values bit for
+bit). ``"auto"`` picks them on CPU tensors whenever they build.
 
 ``TRITON_INTERPRET`` is read by ``@triton.jit`` when a kernel is *defined*, so it must be set before
 the first Triton call; the ``triton.py`` modules are imported lazily, on that first call.
@@ -58,7 +58,7 @@ def use_native(backend: str, device: torch.device, *, fused_rng: bool | None = N
     """Whether an op runs its compiled CPU kernel (``kernels._native``).
 
     ``fused_rng``: a quantizer's flag (its native kernel is the ``fused_rng`` path, which draws its own
-    noise); None for a decoder (deterministic, bit-exact with the reference). ``"native"`` asks for
+    noise); None for the deterministic ops (decoders, selection, update: bit-exact with the reference). ``"native"`` asks for
     the kernel explicitly (CPU tensors only; an error where it cannot run); ``"auto"`` takes it on
     CPU tensors when it builds here.
     """
