@@ -27,6 +27,8 @@ from typing import Literal
 
 import torch
 
+from kernels import _native
+
 Backend = Literal["reference", "triton", "auto"]
 #: The ops with a compiled CPU kernel (``kernels._native``) also take ``"native"``.
 NativeBackend = Literal["reference", "triton", "auto", "native"]
@@ -62,8 +64,6 @@ def use_native(backend: str, device: torch.device, *, fused_rng: bool | None = N
     the kernel explicitly (CPU tensors only; an error where it cannot run); ``"auto"`` takes it on
     CPU tensors when it builds here.
     """
-    from kernels import _native
-
     if backend == "native":
         if fused_rng is False:
             raise ValueError(

@@ -12,7 +12,8 @@ bit-exact with the reference given :func:`counter_uniform`'s numbers, which is h
 The decoders (``ternary_decode_accumulate``, ``qsgd_dequantize_accumulate``) are deterministic: one
 loop gives the reference's values bit for bit, where the reference makes a pass per op (a table
 gather, a bucket multiply, a sum per worker), so ``backend="auto"`` takes them on any CPU tensor; so
-is ``threshold_select`` (the reference's abs, compare, ``nonzero`` and gather in one pass).
+are ``threshold_select`` (the reference's abs, compare, ``nonzero`` and gather in one pass) and
+``ef_update`` (its multiply and two adds in one pass) on fp32 tensors.
 
 The library is compiled on first use with the C compiler (``$CC``, else ``cc``) into
 ``$THINWIRE_CACHE/kernels`` (default ``<repo>/.cache/kernels``, git-ignored), named by a hash of

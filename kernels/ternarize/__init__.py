@@ -9,8 +9,8 @@ Randomness: an explicit ``noise`` tensor (uniform [0, 1), the input's shape) or 
 never the global RNG. With the same noise, the Triton kernel and the reference give identical bytes.
 ``fused_rng=True`` lets the Triton kernel draw Philox numbers in registers from a seed taken from
 the generator (fewer bytes read, not bit-exact with the reference), and on CPU tensors runs the
-compiled C kernel (``kernels._native``: a counter-hash noise, quantized and packed in one pass, about
-20x the reference's ``torch.rand`` + ternarize on one core); the reference ignores the flag.
+compiled C kernel (``kernels._native``: a counter-hash noise, quantized and packed in one pass: 12.8 ms
+against ``torch.rand`` + the reference's ternarize 239 ms for 11.2M entries on one core); the reference ignores the flag.
 Scalers must be >= 0. A zero scaler decodes to zeros (every nonzero entry is clipped to ±0).
 """
 
