@@ -9,6 +9,7 @@
  * Shapes: n elements, read flat; one scale per bucket of `bucket` consecutive elements; packed
  * output ceil(n * bits / 8) bytes, codes little-endian within a byte (kernels/pack_bits layout).
  */
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -237,20 +238,44 @@ void tw_ternary_decode(const uint8_t *packed, int64_t workers, int64_t row_bytes
 
 /* Threshold selection (DGC, ExDyna): the entries with |x_i| >= thr, in ascending position, into
  * buffers of `capacity` slots (slots past the count hold value 0 at index 0); returns the exact count,
- * which may exceed capacity. The reference's compare, nonzero and gather in one pass. */
+ * which may exceed capacity. The reference's compare, nonzero and gather in one pass.
+ *
+ * A block of TW_SELECT_BLOCK entries is first tested as a whole (|x| >= thr anywhere: a loop with no
+ * stores, which vectorizes) and only a block that holds a selected entry is scanned, one entry at a
+ * time without a branch on the data: at DGC's density nearly every block is skipped, and at its
+ * warm-up densities (6-25 %) a branch would mispredict often. At 10^6 entries on one core of an AMX
+ * Xeon the loop with a branch on every entry took 1.6-2.2 ms at densities 0.001 and 0.01 and 7 ms at
+ * 0.3; this one 0.3, 0.9 and 1.5 ms, the same outputs. fabsf and the reference's abs agree on every
+ * input (NaN is never selected, -0 is 0). */
+#define TW_SELECT_BLOCK 64
+/* Entry i into the next slot if selected, without a branch on the data: every entry is stored, to
+ * the next slot or, past the capacity, to a scratch one, and the count moves by the comparison's 0
+ * or 1 (a slot written by an entry that was not selected is overwritten or zeroed at the end). */
+static inline void tw_select_one(const float *x, int64_t i, float thr, int64_t capacity, float *values,
+                                 int32_t *indices, int64_t *count, float *scratch_value, int32_t *scratch_index) {
+    const int64_t c = *count;
+    float *value = c < capacity ? values + c : scratch_value;
+    int32_t *index = c < capacity ? indices + c : scratch_index;
+    *value = x[i];
+    *index = (int32_t)i;
+    *count = c + (fabsf(x[i]) >= thr);
+}
+
 int64_t tw_threshold_select(const float *x, int64_t n, float thr, int64_t capacity, float *values,
                             int32_t *indices) {
     int64_t count = 0;
-    for (int64_t i = 0; i < n; ++i) {
-        const float a = x[i] < 0.0f ? -x[i] : x[i];
-        if (a >= thr) {
-            if (count < capacity) {
-                values[count] = x[i];
-                indices[count] = (int32_t)i;
-            }
-            ++count;
-        }
+    float scratch_value;
+    int32_t scratch_index;
+    const int64_t whole = n - n % TW_SELECT_BLOCK;
+    for (int64_t start = 0; start < whole; start += TW_SELECT_BLOCK) {
+        int any = 0;
+        for (int j = 0; j < TW_SELECT_BLOCK; ++j) any |= fabsf(x[start + j]) >= thr;
+        if (!any) continue;
+        for (int64_t i = start; i < start + TW_SELECT_BLOCK; ++i)
+            tw_select_one(x, i, thr, capacity, values, indices, &count, &scratch_value, &scratch_index);
     }
+    for (int64_t i = whole; i < n; ++i)
+        tw_select_one(x, i, thr, capacity, values, indices, &count, &scratch_value, &scratch_index);
     for (int64_t j = count < capacity ? count : capacity; j < capacity; ++j) {
         values[j] = 0.0f;
         indices[j] = 0;
