@@ -62,6 +62,21 @@ def git_sha() -> str:
         return "unknown"
 
 
+_LOADED_SHA: str | None = None
+
+
+def loaded_git_sha() -> str:
+    """:func:`git_sha` when this process first asks: the commit of the code it loaded. A launch
+    trains its runs one after the other in the same ranks; if a commit lands (or the tree is
+    edited) meanwhile, the later runs still run the code the ranks imported, and record its sha, not
+    the one HEAD has moved to (at git 4b9ec5d a launch's runs recorded 4 commits and a -dirty for
+    the one set of code they ran)."""
+    global _LOADED_SHA
+    if _LOADED_SHA is None:
+        _LOADED_SHA = git_sha()
+    return _LOADED_SHA
+
+
 # MLflow 3's UI opens an experiment without this tag in its GenAI view (an empty Traces page);
 # "custom_model_development" is the model-training view (runs, metrics, charts).
 EXPERIMENT_KIND_TAG = ("mlflow.experimentKind", "custom_model_development")

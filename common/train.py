@@ -56,7 +56,7 @@ from .models import build_model
 from .paths import REPO_ROOT
 from .plots import plot_curves
 from .strategies import SyncStrategy
-from .tracking import Tracker, git_sha
+from .tracking import Tracker, loaded_git_sha
 
 log = logging.getLogger(__name__)
 
@@ -515,7 +515,7 @@ def _drawn_batch(run: _Run) -> Tensor:
 
 def _run_tags(run: _Run, run_name: str, tags: dict[str, str] | None) -> dict[str, str]:
     return {
-        "git_sha": git_sha(),
+        "git_sha": loaded_git_sha(),
         "stage": run_name,
         "world_size": str(run.ctx.world_size),
         "backend": run.ctx.backend,

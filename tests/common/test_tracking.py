@@ -52,6 +52,21 @@ def test_outside_a_repository_is_unknown(tmp_path: Path, monkeypatch: pytest.Mon
     assert tracking.git_sha() == "unknown"
 
 
+def test_a_process_records_the_commit_it_loaded_not_where_head_moved(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A launch's later runs ran the code its ranks imported: a commit landing meanwhile (or an
+    edit) does not change the sha they record."""
+    monkeypatch.setattr(tracking, "_LOADED_SHA", None)
+    loaded = tracking.loaded_git_sha()
+    assert loaded == tracking.git_sha() and not loaded.endswith("-dirty")
+    (repo / "common" / "x.py").write_text("a = 2\n")
+    assert tracking.git_sha().endswith("-dirty")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "later")
+    assert tracking.git_sha() != loaded
+    assert tracking.loaded_git_sha() == loaded
+
+
 # -- a tracking server that dies mid-run (issue 18) ---------------------------------------------------
 
 
