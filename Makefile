@@ -16,7 +16,7 @@ export HF_HUB_OFFLINE := 1
 # DVC stages call `python`, `torchrun` and `dvc`: the venv's.
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: setup test lint repro mlflow clean-results
+.PHONY: setup style test lint repro mlflow clean-results
 
 setup: $(STAMP)
 
@@ -32,16 +32,16 @@ $(STAMP): requirements.txt pyproject.toml
 LINTED := common kernels papers pipelines tests benchmarks examples
 TYPED := common kernels papers pipelines
 
-lint: $(STAMP)
+style: $(STAMP)
 	$(VENV)/bin/ruff check $(LINTED)
 	$(VENV)/bin/ruff format --check $(LINTED)
+
+lint: style
 	$(VENV)/bin/mypy $(TYPED)
 
 # mypy (about 90 s of one core from a cold cache) type-checks while pytest runs; its report follows
 # pytest's, and either failing fails the target. The background mypy is stopped on every exit.
-test: $(STAMP)
-	$(VENV)/bin/ruff check $(LINTED)
-	$(VENV)/bin/ruff format --check $(LINTED)
+test: style
 	log=$$(mktemp); \
 	$(VENV)/bin/mypy $(TYPED) > "$$log" 2>&1 & mypy_pid=$$!; \
 	trap 'kill $$mypy_pid 2>/dev/null || true; rm -f "$$log"' EXIT; \
