@@ -80,6 +80,17 @@ def use_native(backend: str, device: torch.device, *, fused_rng: bool | None = N
     return backend == "auto" and fused_rng is not False and device.type == "cpu" and _native.available()
 
 
+def use_native_given_noise(backend: str, *tensors: torch.Tensor) -> bool:
+    """Whether a quantizer given its noise (``torch.rand``'s numbers: the default, not ``fused_rng``)
+    runs its compiled CPU kernel: ``"auto"``, fp32 CPU tensors, the kernels built. Bit for bit the
+    reference's codes, in one pass where the reference makes one per op."""
+    return (
+        backend == "auto"
+        and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
+        and _native.available()
+    )
+
+
 def check_backend(backend: str) -> None:
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
@@ -134,8 +145,9 @@ def uniform_noise(
     """The flat fp32 uniform [0, 1) numbers that drive a stochastic op.
 
     Exactly one of ``noise`` (same shape as ``like``) and ``generator`` must be given: the global RNG
-    is never used. With a generator the numbers are drawn with ``torch.rand`` on ``like``'s device
-    (the generator must live on that device), so both backends see the same numbers.
+    is never used. With a generator the numbers are ``torch.rand``'s on ``like``'s device (the
+    generator must live on that device), so both backends see the same numbers; on a CPU the compiled
+    engine makes them (:func:`rand`).
     """
     if (noise is None) == (generator is None):
         raise ValueError("pass exactly one of noise (a uniform [0, 1) tensor) and generator")
@@ -146,7 +158,18 @@ def uniform_noise(
             )
         check_floating(noise, "noise")
         return noise.reshape(-1).to(torch.float32)
-    return torch.rand(like.numel(), generator=generator, device=like.device, dtype=torch.float32)
+    assert generator is not None
+    return rand(like.numel(), generator, like.device)
+
+
+def rand(numel: int, generator: torch.Generator, device: torch.device | None = None) -> torch.Tensor:
+    """``torch.rand(numel, generator=generator, device=device)`` (fp32): the same numbers and the same
+    generator state after. A CPU generator's numbers come from ``kernels._native.torch_rand`` where it
+    builds (the Mersenne Twister in one compiled loop instead of torch's serial kernel)."""
+    device = generator.device if device is None else torch.device(device)
+    if device.type == "cpu" and generator.device.type == "cpu" and _native.available():
+        return _native.torch_rand(numel, generator)
+    return torch.rand(numel, generator=generator, device=device, dtype=torch.float32)
 
 
 def philox_seed(generator: torch.Generator | None, device: torch.device) -> torch.Tensor:

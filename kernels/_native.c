@@ -62,35 +62,56 @@ static void tw_pack(const uint8_t *codes, int64_t count, int bits, uint8_t *out)
     }
 }
 
-/* TernGrad: code_i = keep_i << sign_i with keep_i = (u_i * s_b < |g_i|): 0 -> 0, +1 -> 1, -1 -> 2. */
+/* The hash's numbers for elements [start, end) into u[0, end - start). */
+static void tw_hash_noise(int64_t start, int64_t end, uint32_t k1, uint32_t k2, float *u) {
+    for (int64_t j = start; j < end; ++j) u[j - start] = tw_uniform_at(j, k1, k2);
+}
+
+/* TernGrad: code_i = keep_i << sign_i with keep_i = (u_i * s_b < |g_i|): 0 -> 0, +1 -> 1, -1 -> 2.
+ * u holds the noise of elements [start, end). */
 static void tw_ternary_codes(const float *g, int64_t start, int64_t end, const float *scalers,
-                             int64_t bucket, uint32_t k1, uint32_t k2, uint8_t *codes) {
+                             int64_t bucket, const float *u, uint8_t *codes) {
     for (int64_t i = start; i < end;) {
         const int64_t b = i / bucket;
         const int64_t stop = (b + 1) * bucket < end ? (b + 1) * bucket : end;
         const float s = scalers[b];
         for (int64_t j = i; j < stop; ++j) {
             const float a = g[j] < 0.0f ? -g[j] : g[j];
-            const uint8_t keep = tw_uniform_at(j, k1, k2) * s < a;
+            const uint8_t keep = u[j - start] * s < a;
             codes[j - start] = (uint8_t)(keep << tw_sign_bit(g[j]));
         }
         i = stop;
     }
 }
 
-void tw_ternarize(const float *g, int64_t n, const float *scalers, int64_t bucket, uint32_t k1,
-                  uint32_t k2, uint8_t *out) {
+/* Ternarize with the hash's noise (keys; noise NULL) or with the caller's (noise[n]: torch.rand's
+ * numbers in the default path, so its codes are the reference's bit for bit). */
+static void tw_ternarize_from(const float *g, int64_t n, const float *scalers, int64_t bucket, uint32_t k1,
+                              uint32_t k2, const float *noise, uint8_t *out) {
     uint8_t codes[TW_CHUNK];
+    float u[TW_CHUNK];
     for (int64_t start = 0; start < n; start += TW_CHUNK) {
         const int64_t end = start + TW_CHUNK < n ? start + TW_CHUNK : n;
-        tw_ternary_codes(g, start, end, scalers, bucket, k1, k2, codes);
+        if (noise == NULL) tw_hash_noise(start, end, k1, k2, u);
+        tw_ternary_codes(g, start, end, scalers, bucket, noise == NULL ? u : noise + start, codes);
         tw_pack(codes, end - start, 2, out + start / 4);
     }
 }
 
-/* QSGD: level_i = min(|v_i| * scale_b + u_i, s) truncated; code = level | (sign && level) << (bits-1). */
+void tw_ternarize(const float *g, int64_t n, const float *scalers, int64_t bucket, uint32_t k1,
+                  uint32_t k2, uint8_t *out) {
+    tw_ternarize_from(g, n, scalers, bucket, k1, k2, NULL, out);
+}
+
+void tw_ternarize_noise(const float *g, int64_t n, const float *scalers, int64_t bucket, const float *noise,
+                        uint8_t *out) {
+    tw_ternarize_from(g, n, scalers, bucket, 0, 0, noise, out);
+}
+
+/* QSGD: level_i = min(|v_i| * scale_b + u_i, s) truncated; code = level | (sign && level) << (bits-1).
+ * u holds the noise of elements [start, end). */
 static void tw_qsgd_codes(const float *v, int64_t start, int64_t end, const float *scales,
-                          int64_t bucket, int bits, uint32_t k1, uint32_t k2, uint8_t *codes) {
+                          int64_t bucket, int bits, const float *u, uint8_t *codes) {
     const float s = (float)((1 << (bits - 1)) - 1);
     const uint8_t sign_shift = (uint8_t)(bits - 1);
     for (int64_t i = start; i < end;) {
@@ -100,7 +121,7 @@ static void tw_qsgd_codes(const float *v, int64_t start, int64_t end, const floa
         for (int64_t j = i; j < stop; ++j) {
             const float a = v[j] < 0.0f ? -v[j] : v[j];
             float x = a * scale;
-            x = x + tw_uniform_at(j, k1, k2);
+            x = x + u[j - start];
             x = x < s ? x : s; /* min(x, s); a NaN becomes s, not an undefined conversion */
             const uint8_t level = (uint8_t)(int8_t)x;
             const uint8_t negative = (uint8_t)(tw_sign_bit(v[j]) & (level != 0));
@@ -110,14 +131,26 @@ static void tw_qsgd_codes(const float *v, int64_t start, int64_t end, const floa
     }
 }
 
-void tw_qsgd_quantize(const float *v, int64_t n, const float *scales, int64_t bucket, int bits,
-                      uint32_t k1, uint32_t k2, uint8_t *out) {
+static void tw_qsgd_quantize_from(const float *v, int64_t n, const float *scales, int64_t bucket, int bits,
+                                  uint32_t k1, uint32_t k2, const float *noise, uint8_t *out) {
     uint8_t codes[TW_CHUNK];
+    float u[TW_CHUNK];
     for (int64_t start = 0; start < n; start += TW_CHUNK) {
         const int64_t end = start + TW_CHUNK < n ? start + TW_CHUNK : n;
-        tw_qsgd_codes(v, start, end, scales, bucket, bits, k1, k2, codes);
+        if (noise == NULL) tw_hash_noise(start, end, k1, k2, u);
+        tw_qsgd_codes(v, start, end, scales, bucket, bits, noise == NULL ? u : noise + start, codes);
         tw_pack(codes, end - start, bits, out + start * bits / 8);
     }
+}
+
+void tw_qsgd_quantize(const float *v, int64_t n, const float *scales, int64_t bucket, int bits,
+                      uint32_t k1, uint32_t k2, uint8_t *out) {
+    tw_qsgd_quantize_from(v, n, scales, bucket, bits, k1, k2, NULL, out);
+}
+
+void tw_qsgd_quantize_noise(const float *v, int64_t n, const float *scales, int64_t bucket, int bits,
+                            const float *noise, uint8_t *out) {
+    tw_qsgd_quantize_from(v, n, scales, bucket, bits, 0, 0, noise, out);
 }
 
 /* Decoders: out_i = ((0 + d_0,i) + d_1,i) + ... + d_{W-1},i in worker order, d_w,i = value * unit_w,b
@@ -292,4 +325,51 @@ void tw_ef_update(float *restrict u, float *restrict v, const float *restrict g,
         u[i] = t;
         v[i] = v[i] + t;
     }
+}
+
+/* torch.rand's stream on a CPU generator (ATen's CPUGeneratorImpl): MT19937, one 32-bit draw per
+ * number, its low 24 bits times 2^-24 (uniform_real_distribution<float>), in the engine's order:
+ * a draw first decrements `left` and regenerates the 624 words when it reaches 0, then tempers
+ * state[next++]. `state` (624 words), `left` and `next` are the engine's, read from and written
+ * back to the generator by kernels/_native.py; numbers are made a run of state words at a time
+ * (the tempering vectorizes), the same numbers and final state as n calls of the engine. */
+#define TW_MT_N 624
+#define TW_MT_M 397
+
+static inline uint32_t tw_mt_twist(uint32_t u, uint32_t v) {
+    return (((u & 0x80000000U) | (v & 0x7fffffffU)) >> 1) ^ ((v & 1U) ? 0x9908b0dfU : 0U);
+}
+
+static void tw_mt_next_state(uint32_t *p) {
+    int j = 0;
+    for (; j < TW_MT_N - TW_MT_M; ++j) p[j] = p[j + TW_MT_M] ^ tw_mt_twist(p[j], p[j + 1]);
+    for (; j < TW_MT_N - 1; ++j) p[j] = p[j + TW_MT_M - TW_MT_N] ^ tw_mt_twist(p[j], p[j + 1]);
+    p[TW_MT_N - 1] = p[TW_MT_M - 1] ^ tw_mt_twist(p[TW_MT_N - 1], p[0]);
+}
+
+void tw_mt_uniform(uint32_t *state, int64_t *left_next, int64_t n, float *out) {
+    int64_t left = left_next[0], next = left_next[1];
+    for (int64_t i = 0; i < n;) {
+        if (left == 1) { /* the next draw regenerates, then reads word 0 */
+            tw_mt_next_state(state);
+            left = TW_MT_N + 1;
+            next = 0;
+        }
+        const int64_t take = left - 1 < n - i ? left - 1 : n - i;
+        const uint32_t *restrict words = state + next;
+        float *restrict o = out + i;
+        for (int64_t t = 0; t < take; ++t) {
+            uint32_t y = words[t];
+            y ^= y >> 11;
+            y ^= (y << 7) & 0x9d2c5680U;
+            y ^= (y << 15) & 0xefc60000U;
+            y ^= y >> 18;
+            o[t] = (float)(y & 0xffffffU) * 0x1p-24f;
+        }
+        i += take;
+        next += take;
+        left -= take;
+    }
+    left_next[0] = left;
+    left_next[1] = next;
 }

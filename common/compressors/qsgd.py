@@ -39,6 +39,7 @@ from torch import Tensor
 
 from kernels import pack_bits, qsgd_dequantize, qsgd_dequantize_accumulate, qsgd_quantize, unpack_bits
 from kernels._buckets import NORMS, Norm
+from kernels._dispatch import rand
 from kernels.qsgd_quantize import ALLOWED_BITS, num_levels
 
 from .base import Compressor, CompressorRNG, Payload, check_fused_rng
@@ -353,7 +354,7 @@ class QSGD(Compressor):
         generator = rng.local
         noise_N = None
         if generator.device != v_N.device:  # e.g. a CPU generator with CUDA tensors: draw there, move
-            noise_N = torch.rand(v_N.numel(), generator=generator, device=generator.device).to(v_N.device)
+            noise_N = rand(v_N.numel(), generator).to(v_N.device)
         packed_M, norms_B = qsgd_quantize(
             v_N,
             bits=self.bits,

@@ -56,6 +56,7 @@ import torch
 from torch import Tensor
 
 from kernels import ternarize, ternary_decode_accumulate, unpack_bits
+from kernels._dispatch import rand
 
 from .base import Compressor, CompressorRNG, Needs, Payload, check_fused_rng
 
@@ -217,7 +218,7 @@ class TernGrad(Compressor):
         if generator.device == g_N.device:
             packed_M = ternarize(g_N, s, generator=generator, fused_rng=self.fused_rng)
         else:  # e.g. a CPU generator with CUDA tensors: draw on the generator's device, then move
-            noise_N = torch.rand(numel, generator=generator, device=generator.device, dtype=torch.float32)
+            noise_N = rand(numel, generator)
             packed_M = ternarize(g_N, s, noise=noise_N.to(g_N.device))
         return Payload(
             wire={"codes": packed_M, "scaler": s.reshape(1)},

@@ -28,6 +28,7 @@ from kernels._dispatch import (
     philox_seed,
     uniform_noise,
     use_native,
+    use_native_given_noise,
     use_triton,
 )
 from kernels.pack_bits.reference import num_packed_bytes
@@ -83,6 +84,10 @@ def qsgd_quantize(
         check_same_device(v=v, noise=noise_N)
     if not triton_path:
         assert noise_N is not None
+        if use_native_given_noise(backend, v_N, noise_N):
+            norms_B = bucket_norms(v_N, bucket_size, norm)
+            scales_B = level_scales(norms_B, bits).contiguous()
+            return _native.qsgd_quantize(v_N, scales_B, bits, bucket_size, noise_N.contiguous()), norms_B
         return reference.qsgd_quantize(v_N, bits, bucket_size, norm, noise_N)
     from kernels.qsgd_quantize import triton as triton_impl
 

@@ -28,6 +28,7 @@ from kernels._dispatch import (
     philox_seed,
     uniform_noise,
     use_native,
+    use_native_given_noise,
     use_triton,
 )
 from kernels.pack_bits.reference import num_packed_bytes
@@ -101,6 +102,8 @@ def ternarize(
         from kernels.ternarize import triton as triton_impl
 
         return triton_impl.ternarize(g_N, scaler_B, size, noise_N.contiguous(), None)
+    if use_native_given_noise(backend, g_N, scaler_B, noise_N):
+        return _native.ternarize(g_N, scaler_B.contiguous(), size, noise_N.contiguous())
     return reference.ternarize(g_N, scaler_B, size, noise_N)
 
 

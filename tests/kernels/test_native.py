@@ -48,6 +48,14 @@ def special_gradient(numel: int, gen: torch.Generator) -> torch.Tensor:
     return g
 
 
+def caller_noise(numel: int, gen: torch.Generator) -> torch.Tensor:
+    """torch.rand's numbers with its extremes and a value off its 24-bit grid in front."""
+    noise = torch.rand(numel, generator=gen)
+    extremes = torch.tensor([0.0, 1.0 - 2**-24, 0.5, 0.1])
+    noise[: min(numel, 4)] = extremes[: min(numel, 4)]
+    return noise
+
+
 @pytest.mark.parametrize("numel", [0, *SIZES, 100_003])
 def test_uniform_equals_torch_twin(numel: int) -> None:
     u = _native.uniform(numel, KEYS)
@@ -69,6 +77,56 @@ def test_uniform_is_uniform_and_keyed() -> None:
     assert not torch.equal(u[:100], _native.uniform(100, (KEYS[0] + 1, KEYS[1])))
 
 
+@pytest.mark.parametrize(
+    ("seed", "drawn", "numel"),
+    # drawn: numbers taken before (where in its 624 words the engine stands); numel: across one and
+    # several regenerations, ending on one, from a fresh generator and one that just regenerated
+    [
+        (0, 0, 0),
+        (0, 0, 1),
+        (0, 0, 624),
+        (1234, 7, 3 * 624),
+        (5, 623, 100_003),
+        (9, 1, 624 * 7 + 1),
+        (3, 624, 5000),
+    ],
+)
+def test_torch_rand_is_torch_rand_and_leaves_its_state(
+    seed: int, drawn: int, numel: int, monkeypatch
+) -> None:
+    monkeypatch.setattr(_native, "RAND_MIN_NUMEL", 0)  # the compiled engine at every size
+    ours, theirs = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
+    torch.rand(drawn, generator=ours)
+    torch.rand(drawn, generator=theirs)
+    torch.randn(1, generator=ours)  # a cached normal sample rides along in the state
+    torch.randn(1, generator=theirs)
+    assert torch.equal(_native.torch_rand(numel, ours), torch.rand(numel, generator=theirs))
+    assert torch.equal(ours.get_state(), theirs.get_state())
+    # what each generator makes next is the same too
+    assert torch.equal(torch.randn(3, generator=ours), torch.randn(3, generator=theirs))
+    assert torch.equal(torch.rand(1000, generator=ours), torch.rand(1000, generator=theirs))
+
+
+def test_noise_comes_from_the_compiled_engine_and_is_torch_rands(monkeypatch) -> None:
+    calls: list[int] = []
+    real = _native.torch_rand
+    monkeypatch.setattr(_native, "torch_rand", lambda n, g: calls.append(n) or real(n, g))
+    g = torch.randn(10_000, generator=torch.Generator().manual_seed(1))
+    codes = ternarize(g, torch.tensor(3.0), generator=torch.Generator().manual_seed(2))
+    assert calls == [10_000]
+    noise = torch.rand(10_000, generator=torch.Generator().manual_seed(2))
+    assert torch.equal(codes, ternarize(g, torch.tensor(3.0), noise=noise, backend="reference"))
+    v = special_gradient(10_000, torch.Generator().manual_seed(3))
+    for bits in (2, 4, 8):  # QSGD's default path: torch.rand's numbers into the compiled quantizer
+        auto = qsgd_quantize(v, bits=bits, generator=torch.Generator().manual_seed(4))
+        numbers = torch.rand(10_000, generator=torch.Generator().manual_seed(4))
+        reference = qsgd_quantize(v, bits=bits, noise=numbers, backend="reference")
+        assert torch.equal(auto[0], reference[0]) and torch.equal(auto[1], reference[1])
+    # a state this does not know (another torch's layout): torch.rand itself, the same numbers
+    monkeypatch.setattr(_native, "_MT_STATE_BYTES", -1)
+    assert torch.equal(real(10_000, torch.Generator().manual_seed(2)), noise)
+
+
 @pytest.mark.parametrize("numel", SIZES)
 @pytest.mark.parametrize("bucket_size", [None, 1, 333, 512])
 def test_ternarize_bit_exact(numel: int, bucket_size: int | None, gen) -> None:
@@ -79,6 +137,10 @@ def test_ternarize_bit_exact(numel: int, bucket_size: int | None, gen) -> None:
     noise = _native.counter_uniform(numel, KEYS)
     expected = ternarize_ref.ternarize(g, scalers, size, noise)
     assert torch.equal(_native.ternarize(g, scalers, size, KEYS), expected)
+    given = caller_noise(numel, gen)  # the default path: the caller's (torch.rand's) numbers
+    assert torch.equal(
+        _native.ternarize(g, scalers, size, given), ternarize_ref.ternarize(g, scalers, size, given)
+    )
 
 
 @pytest.mark.parametrize("numel", SIZES)
@@ -91,6 +153,9 @@ def test_qsgd_bit_exact(numel: int, bits: int, bucket_size: int, gen) -> None:
         scales = qsgd_ref.level_scales(bucket_norms(v, bucket_size, norm), bits).contiguous()
         expected = pack_ref.pack_codes(qsgd_ref.qsgd_codes(v, scales, bucket_size, noise, bits), bits)
         assert torch.equal(_native.qsgd_quantize(v, scales, bits, bucket_size, KEYS), expected), norm
+        given = caller_noise(numel, gen)
+        expected = pack_ref.pack_codes(qsgd_ref.qsgd_codes(v, scales, bucket_size, given, bits), bits)
+        assert torch.equal(_native.qsgd_quantize(v, scales, bits, bucket_size, given), expected), norm
 
 
 def test_dispatch_draws_keys_from_the_generator(gen) -> None:
