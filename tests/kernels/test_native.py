@@ -274,7 +274,8 @@ def test_ternary_decode_bit_exact(numel: int, bucket_size: int | None, workers: 
         assert torch.equal(_native.ternary_decode(packed, shared, numel, size), expected)
 
 
-@pytest.mark.parametrize("numel", SIZES)
+# 4- and 8-bit codes decode through one loop up to 2^18 entries and another above (_native.c)
+@pytest.mark.parametrize("numel", [*SIZES, 2**18, 2**18 + 1])
 @pytest.mark.parametrize("bits", [2, 4, 8])
 @pytest.mark.parametrize("workers", [1, 2, 4])
 def test_qsgd_decode_bit_exact(numel: int, bits: int, workers: int, gen) -> None:
