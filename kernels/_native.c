@@ -11,6 +11,7 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define TW_CHUNK 8192 /* codes staged per packing round: a multiple of 8 (every byte whole) */
@@ -299,11 +300,20 @@ static inline void tw_decode(const uint8_t *restrict packed, int64_t workers, in
     }
 }
 
-void tw_qsgd_decode(const uint8_t *packed, int64_t workers, int64_t row_bytes, int64_t n,
-                    const float *units, int64_t num_units, int64_t bucket, int bits, float *out) {
+/* norms [W, B]: each bucket's level unit n_b / s is computed here, one fp32 division as the
+ * reference's level_units (torch's fp32 true division by the scalar s). */
+int tw_qsgd_decode(const uint8_t *packed, int64_t workers, int64_t row_bytes, int64_t n,
+                   const float *norms, int64_t num_units, int64_t bucket, int bits, float *out) {
+    const int64_t total = workers * num_units;
+    float *units = malloc((size_t)(total > 0 ? total : 1) * sizeof *units);
+    if (units == NULL) return 1;
+    const float s = (float)((1 << (bits - 1)) - 1);
+    for (int64_t i = 0; i < total; ++i) units[i] = norms[i] / s;
     if (bits == 2) tw_decode(packed, workers, row_bytes, n, units, num_units, bucket, 2, 0, out);
     else if (bits == 4) tw_decode(packed, workers, row_bytes, n, units, num_units, bucket, 4, 0, out);
     else tw_decode(packed, workers, row_bytes, n, units, num_units, bucket, 8, 0, out);
+    free(units);
+    return 0;
 }
 
 void tw_ternary_decode(const uint8_t *packed, int64_t workers, int64_t row_bytes, int64_t n,

@@ -104,6 +104,7 @@ def _load() -> ctypes.CDLL | str:
     lib.tw_ternarize_noise.argtypes = [ptr, i64, ptr, i64, ptr, ptr]
     lib.tw_qsgd_quantize_noise.argtypes = [ptr, i64, ptr, i64, ctypes.c_int, ptr, ptr]
     lib.tw_qsgd_decode.argtypes = [ptr, i64, i64, i64, ptr, i64, i64, ctypes.c_int, ptr]
+    lib.tw_qsgd_decode.restype = ctypes.c_int
     lib.tw_ternary_decode.argtypes = [ptr, i64, i64, i64, ptr, i64, i64, ptr]
     for fn in (
         lib.tw_uniform,
@@ -111,7 +112,6 @@ def _load() -> ctypes.CDLL | str:
         lib.tw_qsgd_quantize,
         lib.tw_ternarize_noise,
         lib.tw_qsgd_quantize_noise,
-        lib.tw_qsgd_decode,
         lib.tw_ternary_decode,
     ):
         fn.restype = None
@@ -237,13 +237,14 @@ def _check_noise(noise_N: torch.Tensor, numel: int) -> None:
 
 def _decode(
     kernel: str, packed_W_M: torch.Tensor, units_W_B: torch.Tensor, numel: int, bucket_size: int, *extra: int
-) -> torch.Tensor:
-    """Run decoder ``kernel`` on W payloads ``[W, M]`` with per-bucket units ``[W, B]``: fp32 ``[numel]``."""
+) -> torch.Tensor | None:
+    """Run decoder ``kernel`` on W payloads ``[W, M]`` with per-bucket values ``[W, B]``: fp32
+    ``[numel]``, or None where the kernel reports a failure (a nonzero return)."""
     _check_cpu(torch.uint8, packed=packed_W_M)
     _check_cpu(torch.float32, units=units_W_B)
     out = torch.empty(numel, dtype=torch.float32)
     workers, row_bytes = packed_W_M.shape
-    getattr(_lib(), kernel)(
+    failed = getattr(_lib(), kernel)(
         packed_W_M.data_ptr(),
         workers,
         row_bytes,
@@ -254,22 +255,28 @@ def _decode(
         *extra,
         out.data_ptr(),
     )
-    return out
+    return None if failed else out
 
 
 def qsgd_decode(
-    packed_W_M: torch.Tensor, units_W_B: torch.Tensor, numel: int, bits: int, bucket_size: int
+    packed_W_M: torch.Tensor, norms_W_B: torch.Tensor, numel: int, bits: int, bucket_size: int
 ) -> torch.Tensor:
     """fp32 ``[numel]``: the reference's ``qsgd_dequantize_accumulate`` (worker order, one product and
-    one sum per payload) from the per-bucket level units ``n_b / s``, bit for bit, in one pass."""
-    return _decode("tw_qsgd_decode", packed_W_M, units_W_B, numel, bucket_size, bits)
+    one sum per payload) from the per-bucket fp32 norms (the level units ``n_b / s`` computed in the
+    loop, as the reference divides), bit for bit, in one pass."""
+    out = _decode("tw_qsgd_decode", packed_W_M, norms_W_B, numel, bucket_size, bits)
+    if out is None:
+        raise MemoryError(f"tw_qsgd_decode could not allocate {norms_W_B.numel()} level units")
+    return out
 
 
 def ternary_decode(
     packed_W_M: torch.Tensor, scalers_W_B: torch.Tensor, numel: int, bucket_size: int
 ) -> torch.Tensor:
     """fp32 ``[numel]``: the reference's ``ternary_decode_accumulate``, bit for bit, in one pass."""
-    return _decode("tw_ternary_decode", packed_W_M, scalers_W_B, numel, bucket_size)
+    out = _decode("tw_ternary_decode", packed_W_M, scalers_W_B, numel, bucket_size)
+    assert out is not None  # the ternary decoder has no failure to report
+    return out
 
 
 def threshold_select(

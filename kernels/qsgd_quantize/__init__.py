@@ -138,9 +138,7 @@ def qsgd_dequantize_accumulate(
     norms_W_B = norms.reshape(num_workers, expected).to(torch.float32)
     packed_W_M = packed_W_M.contiguous()
     if use_native(backend, packed.device):
-        return _native.qsgd_decode(
-            packed_W_M, level_units(norms_W_B, bits).contiguous(), numel, bits, bucket_size
-        )
+        return _native.qsgd_decode(packed_W_M, norms_W_B.contiguous(), numel, bits, bucket_size)
     if use_triton(backend, packed.device):
         from kernels.qsgd_quantize import triton as triton_impl
 
