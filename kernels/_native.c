@@ -194,6 +194,25 @@ __attribute__((constructor)) static void tw_fill_tables(void) {
     tw_fill_values(&tw_values_q2[0][0], 2, 0);
 }
 
+/* A chunk's int8 values [start, end) times their buckets' units, into out (w == 0: 0 + d, the first
+ * worker; else out + d): the product and sum over contiguous values (vectorized). */
+static inline void tw_scale_chunk(const int8_t *restrict values, int64_t start, int64_t end,
+                                  const float *restrict unit_row, int64_t bucket, int w, float *restrict out) {
+    for (int64_t i = start; i < end;) { /* each bucket's share of the chunk */
+        const int64_t b = i / bucket;
+        const int64_t stop = (b + 1) * bucket < end ? (b + 1) * bucket : end;
+        const float unit = unit_row[b];
+        const int8_t *restrict v = values + (i - start);
+        float *restrict o = out + i;
+        const int64_t len = stop - i;
+        if (w == 0)
+            for (int64_t j = 0; j < len; ++j) o[j] = 0.0f + (float)v[j] * unit;
+        else
+            for (int64_t j = 0; j < len; ++j) o[j] = o[j] + (float)v[j] * unit;
+        i = stop;
+    }
+}
+
 /* 2-bit codes (TernGrad, QSGD 2 bits): a chunk's values looked up 4 a byte, then the product and
  * sum over contiguous int8 values (vectorized). */
 static inline void tw_decode_table(const uint8_t *restrict row, int64_t n, const float *restrict unit_row,
@@ -203,19 +222,7 @@ static inline void tw_decode_table(const uint8_t *restrict row, int64_t n, const
         const int64_t end = start + TW_CHUNK < n ? start + TW_CHUNK : n;
         const int64_t first = start / 4, last = (end + 3) / 4;
         for (int64_t m = first; m < last; ++m) memcpy(values + (m - first) * 4, table + row[m] * 4, 4);
-        for (int64_t i = start; i < end;) { /* each bucket's share of the chunk */
-            const int64_t b = i / bucket;
-            const int64_t stop = (b + 1) * bucket < end ? (b + 1) * bucket : end;
-            const float unit = unit_row[b];
-            const int8_t *restrict v = values + (i - start);
-            float *restrict o = out + i;
-            const int64_t len = stop - i;
-            if (w == 0)
-                for (int64_t j = 0; j < len; ++j) o[j] = 0.0f + (float)v[j] * unit;
-            else
-                for (int64_t j = 0; j < len; ++j) o[j] = o[j] + (float)v[j] * unit;
-            i = stop;
-        }
+        tw_scale_chunk(values, start, end, unit_row, bucket, w, out);
     }
 }
 
@@ -242,19 +249,7 @@ static inline void tw_decode_levels(const uint8_t *restrict row, int64_t n, cons
                 values[(m - first) * per + k] = (int8_t)((level ^ -negative) + negative);
             }
         }
-        for (int64_t i = start; i < end;) { /* each bucket's share of the chunk */
-            const int64_t b = i / bucket;
-            const int64_t stop = (b + 1) * bucket < end ? (b + 1) * bucket : end;
-            const float unit = unit_row[b];
-            const int8_t *restrict v = values + (i - start);
-            float *restrict o = out + i;
-            const int64_t len = stop - i;
-            if (w == 0)
-                for (int64_t j = 0; j < len; ++j) o[j] = 0.0f + (float)v[j] * unit;
-            else
-                for (int64_t j = 0; j < len; ++j) o[j] = o[j] + (float)v[j] * unit;
-            i = stop;
-        }
+        tw_scale_chunk(values, start, end, unit_row, bucket, w, out);
     }
 }
 
