@@ -185,19 +185,20 @@ def uniform(numel: int, keys: tuple[int, int]) -> torch.Tensor:
 
 
 def ternarize(
-    g_N: torch.Tensor, scaler_B: torch.Tensor, bucket_size: int, keys: tuple[int, int] | torch.Tensor
+    g_N: torch.Tensor, scaler_B: torch.Tensor, bucket_size: int, keys_or_noise: tuple[int, int] | torch.Tensor
 ) -> torch.Tensor:
     """Packed 2-bit ternary codes ``[ceil(N / 4)]``: the reference's ``ternarize`` with
-    ``counter_uniform(N, keys)`` as its noise, or with ``keys``, a tensor, as the noise itself."""
+    ``counter_uniform(N, keys)`` as its noise, or with the given fp32 noise ``[N]`` itself."""
     _check_cpu(torch.float32, g=g_N, scaler=scaler_B)
     numel = g_N.numel()
     out = torch.empty((numel + 3) // 4, dtype=torch.uint8)
-    if isinstance(keys, torch.Tensor):
-        _check_noise(keys, numel)
+    if isinstance(keys_or_noise, torch.Tensor):
+        _check_noise(keys_or_noise, numel)
         _lib().tw_ternarize_noise(
-            g_N.data_ptr(), numel, scaler_B.data_ptr(), bucket_size, keys.data_ptr(), out.data_ptr()
+            g_N.data_ptr(), numel, scaler_B.data_ptr(), bucket_size, keys_or_noise.data_ptr(), out.data_ptr()
         )
         return out
+    keys = keys_or_noise
     _lib().tw_ternarize(
         g_N.data_ptr(), numel, scaler_B.data_ptr(), bucket_size, keys[0], keys[1], out.data_ptr()
     )
@@ -209,20 +210,27 @@ def qsgd_quantize(
     scales_B: torch.Tensor,
     bits: int,
     bucket_size: int,
-    keys: tuple[int, int] | torch.Tensor,
+    keys_or_noise: tuple[int, int] | torch.Tensor,
 ) -> torch.Tensor:
     """Packed QSGD codes ``[ceil(N * bits / 8)]`` for per-bucket ``scales_B = s / n_b``: the
-    reference's codes with ``counter_uniform(N, keys)`` as its noise, or with ``keys``, a tensor, as
-    the noise itself."""
+    reference's codes with ``counter_uniform(N, keys)`` as its noise, or with the given fp32 noise
+    ``[N]`` itself."""
     _check_cpu(torch.float32, v=v_N, scales=scales_B)
     numel = v_N.numel()
     out = torch.empty((numel * bits + 7) // 8, dtype=torch.uint8)
-    if isinstance(keys, torch.Tensor):
-        _check_noise(keys, numel)
+    if isinstance(keys_or_noise, torch.Tensor):
+        _check_noise(keys_or_noise, numel)
         _lib().tw_qsgd_quantize_noise(
-            v_N.data_ptr(), numel, scales_B.data_ptr(), bucket_size, bits, keys.data_ptr(), out.data_ptr()
+            v_N.data_ptr(),
+            numel,
+            scales_B.data_ptr(),
+            bucket_size,
+            bits,
+            keys_or_noise.data_ptr(),
+            out.data_ptr(),
         )
         return out
+    keys = keys_or_noise
     _lib().tw_qsgd_quantize(
         v_N.data_ptr(), numel, scales_B.data_ptr(), bucket_size, bits, keys[0], keys[1], out.data_ptr()
     )
@@ -316,9 +324,10 @@ RAND_MIN_NUMEL = 1 << 12
 
 def torch_rand(numel: int, generator: torch.Generator) -> torch.Tensor:
     """``torch.rand(numel, generator=generator)`` for a CPU generator: the same numbers and the same
-    generator state after, bit for bit, from one compiled loop (~10x faster on one core than torch's
+    generator state after, bit for bit, from one compiled loop (3-7x faster on one core than torch's
     serial kernel). Falls back to ``torch.rand`` for small ``numel``, or where the generator's state
-    is not the layout this reads (another torch)."""
+    is not the layout this reads (another torch). Not atomic like torch.rand (which holds the
+    generator's lock): a generator drawn from by two threads at once must not use it."""
     if generator.device.type != "cpu":
         raise ValueError(f"torch_rand makes a CPU generator's numbers, got a generator on {generator.device}")
     state = generator.get_state()

@@ -141,6 +141,8 @@ def test_ternarize_bit_exact(numel: int, bucket_size: int | None, gen) -> None:
     assert torch.equal(
         _native.ternarize(g, scalers, size, given), ternarize_ref.ternarize(g, scalers, size, given)
     )
+    with pytest.raises(ValueError, match=rf"one number per element \({numel}\), got {numel + 1}"):
+        _native.ternarize(g, scalers, size, torch.rand(numel + 1))
 
 
 @pytest.mark.parametrize("numel", SIZES)
