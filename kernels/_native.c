@@ -228,10 +228,11 @@ static inline void tw_decode_table(const uint8_t *restrict row, int64_t n, const
 
 /* 4- and 8-bit codes up to TW_LEVELS_MAX entries: a chunk's signed levels computed into int8 values
  * (a byte's codes shifted out, the sign applied as an integer negation), then the same product and
- * sum over contiguous values as the table's. On one core of the AMX Xeon this is 0.53-0.69 of the
- * shifting loop's time at 10^5 entries and 0.8-1.15 of it at 10^6-10^7 (the loops alternated, the
- * same bits; /tmp/s16/ab_dec.py, throw-away), so larger payloads keep the shifting loop. A sign bit on level 0 gives +0 where the shifting loop's -level gave -0: after the
- * first worker's 0 + d the sum is never -0, so either zero leaves it unchanged (the 2-bit table's
+ * sum over contiguous values as the table's. On one core of the AMX Xeon this took 0.53-0.69 of the
+ * shifting loop's time at 10^5 entries and 0.80-1.25 of it at 10^6-10^7 between runs (the loops
+ * alternated, the same bits; /tmp/s16/ab_dec.py, throw-away), so larger payloads keep the shifting
+ * loop. A sign bit on level 0 gives +0 where the shifting loop's -level gave -0: after the first
+ * worker's 0 + d the sum is never -0, so either zero leaves it unchanged (the 2-bit table's
  * argument above), and the tests decode random bytes against the reference. */
 static inline void tw_decode_levels(const uint8_t *restrict row, int64_t n, const float *restrict unit_row,
                                     int64_t bucket, const int bits, int w, float *restrict out) {
