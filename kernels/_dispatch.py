@@ -76,8 +76,10 @@ def use_native(backend: str, device: torch.device, *, fused_rng: bool | None = N
                 f"backend='native' needs the compiled CPU kernels: {_native.unavailable_reason()}"
             )
         return True
+    if backend == "auto":
+        return fused_rng is not False and device.type == "cpu" and _native.available()
     check_backend(backend)
-    return backend == "auto" and fused_rng is not False and device.type == "cpu" and _native.available()
+    return False
 
 
 def use_native_given_noise(backend: str, *tensors: torch.Tensor) -> bool:
@@ -115,11 +117,24 @@ def use_triton(backend: str, device: torch.device) -> bool:
 
 def check_same_device(**tensors: torch.Tensor) -> torch.device:
     """All tensors on one device (a Triton launch with mixed devices fails obscurely)."""
-    devices = {name: t.device for name, t in tensors.items()}
-    first = next(iter(devices.values()))
-    if any(d != first for d in devices.values()):
-        raise ValueError(f"all tensors must be on one device, got {devices}")
+    values = iter(tensors.values())
+    first = next(values).device
+    for t in values:  # a plain loop: a decoder's per-call checks are a few microseconds in all
+        if t.device != first:
+            raise ValueError(
+                f"all tensors must be on one device, got { ({k: v.device for k, v in tensors.items()}) }"
+            )
     return first
+
+
+def check_out(out: torch.Tensor, numel: int, device: torch.device) -> None:
+    """A decoder's ``out``: a contiguous fp32 tensor of ``numel`` entries (any shape) on ``device``."""
+    if out.dtype != torch.float32 or not out.is_contiguous() or out.numel() != numel or out.device != device:
+        raise ValueError(
+            f"out must be a contiguous float32 tensor of {numel} entries on {device}, got "
+            f"{'' if out.is_contiguous() else 'a non-contiguous '}{out.dtype} of shape {tuple(out.shape)} "
+            f"on {out.device}"
+        )
 
 
 def check_numel(numel: int, name: str = "tensor") -> None:

@@ -375,6 +375,20 @@ void tw_ef_update(float *restrict u, float *restrict v, const float *restrict g,
     }
 }
 
+/* Sparse payloads (top-k, DGC; kernels/masked_compact's masked_scatter): out[indices[j]] =
+ * values[j] for j in order, the reference's index_copy_ without its int64 copy of the indices.
+ * Returns -1, or the first j whose index is outside [0, n): then nothing is written. */
+int64_t tw_scatter(const float *restrict values, const int32_t *restrict indices, int64_t k, int64_t n,
+                   float *restrict out) {
+    int64_t bad = 0;
+    for (int64_t j = 0; j < k; ++j) bad |= indices[j] < 0 || indices[j] >= n; /* no branch: vectorizes */
+    if (bad)
+        for (int64_t j = 0; j < k; ++j)
+            if (indices[j] < 0 || indices[j] >= n) return j;
+    for (int64_t j = 0; j < k; ++j) out[indices[j]] = values[j];
+    return -1;
+}
+
 /* torch.rand's stream on a CPU generator (ATen's CPUGeneratorImpl): MT19937, one 32-bit draw per
  * number, its low 24 bits times 2^-24 (uniform_real_distribution<float>), in the engine's order:
  * a draw first decrements `left` and regenerates the 624 words when it reaches 0, then tempers

@@ -119,6 +119,8 @@ def _load() -> ctypes.CDLL | str:
     lib.tw_threshold_select.restype = i64
     lib.tw_ef_update.argtypes = [ptr, ptr, ptr, i64, ctypes.c_float]
     lib.tw_ef_update.restype = None
+    lib.tw_scatter.argtypes = [ptr, ptr, i64, i64, ptr]
+    lib.tw_scatter.restype = i64
     lib.tw_mt_uniform.argtypes = [ptr, ptr, i64, ptr]
     lib.tw_mt_uniform.restype = None
     return lib
@@ -173,7 +175,7 @@ def counter_uniform(numel: int, keys: tuple[int, int]) -> torch.Tensor:
 
 def _check_cpu(dtype: torch.dtype, **tensors: torch.Tensor) -> None:
     for name, t in tensors.items():
-        if t.device.type != "cpu" or t.dtype != dtype or not t.is_contiguous():
+        if not t.is_cpu or t.dtype != dtype or not t.is_contiguous():  # is_cpu: 0.1 us, device.type 1.1
             raise ValueError(f"{name} must be a contiguous {dtype} CPU tensor, got {t.dtype} on {t.device}")
 
 
@@ -244,21 +246,84 @@ def _check_noise(noise_N: torch.Tensor, numel: int) -> None:
 
 
 def _decode(
-    kernel: str, packed_W_M: torch.Tensor, units_W_B: torch.Tensor, numel: int, bucket_size: int, *extra: int
+    kernel: str,
+    packed: torch.Tensor,
+    units: torch.Tensor,
+    numel: int,
+    workers: int,
+    num_units: int,
+    bucket_size: int,
+    *extra: int,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
-    """Run decoder ``kernel`` on W payloads ``[W, M]`` with per-bucket values ``[W, B]``: fp32
-    ``[numel]``, or None where the kernel reports a failure (a nonzero return)."""
-    _check_cpu(torch.uint8, packed=packed_W_M)
-    _check_cpu(torch.float32, units=units_W_B)
-    out = torch.empty(numel, dtype=torch.float32)
-    workers, row_bytes = packed_W_M.shape
+    """Run decoder ``kernel`` on W payloads (``packed``: W rows of bytes, read flat) with
+    ``num_units`` per-bucket values a payload (``units``, read flat): fp32 ``[numel]``, written into
+    ``out`` (``numel`` entries; a fresh tensor when None), or None where the kernel reports a
+    failure (a nonzero return). The caller has checked the sizes."""
+    _check_cpu(torch.uint8, packed=packed)
+    _check_cpu(torch.float32, units=units)
+    if out is None:
+        out = torch.empty(numel, dtype=torch.float32)
+    else:
+        _check_cpu(torch.float32, out=out)
+        if out.numel() != numel:
+            raise ValueError(f"out must have {numel} entries, got {out.numel()}")
     failed = getattr(_lib(), kernel)(
-        packed_W_M.data_ptr(),
+        packed.data_ptr(),
+        workers,
+        packed.numel() // workers if workers else 0,
+        numel,
+        units.data_ptr(),
+        num_units,
+        bucket_size,
+        *extra,
+        out.data_ptr(),
+    )
+    return None if failed else out
+
+
+def decode_fast(
+    kernel: str,
+    packed: torch.Tensor,
+    units: torch.Tensor,
+    numel: int,
+    row_bytes: int,
+    units_per_row: int,
+    bucket_size: int,
+    *extra: int,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor | None:
+    """Decoder ``kernel`` in its common case, checked in a few attribute reads: contiguous CPU
+    ``packed`` (uint8, 1-D or W >= 1 rows of ``row_bytes``), fp32 ``units`` (``units_per_row`` a
+    row), ``out`` None or a contiguous fp32 CPU tensor of ``numel`` entries. Returns the decode, or
+    None where anything differs or the kernels did not build: the caller then takes its checked
+    path, which names what is wrong. (At 10^5 entries a decode's C loop takes ~30 us on one core
+    and the checked path's Python ~15 us of calls and views: this path, ~3 us.)"""
+    lib = _load()
+    dim = packed.dim()
+    workers = packed.shape[0] if dim == 2 else 1
+    if (
+        isinstance(lib, str)
+        or dim not in (1, 2)
+        or workers < 1
+        or not (packed.is_cpu and units.is_cpu and packed.is_contiguous() and units.is_contiguous())
+        or packed.dtype != torch.uint8
+        or units.dtype != torch.float32
+        or packed.shape[-1] != row_bytes
+        or units.numel() != workers * units_per_row
+    ):
+        return None
+    if out is None:
+        out = torch.empty(numel, dtype=torch.float32)
+    elif not (out.is_cpu and out.dtype == torch.float32 and out.is_contiguous() and out.numel() == numel):
+        return None
+    failed = getattr(lib, kernel)(
+        packed.data_ptr(),
         workers,
         row_bytes,
         numel,
-        units_W_B.data_ptr(),
-        units_W_B.shape[1],
+        units.data_ptr(),
+        units_per_row,
         bucket_size,
         *extra,
         out.data_ptr(),
@@ -267,24 +332,75 @@ def _decode(
 
 
 def qsgd_decode(
-    packed_W_M: torch.Tensor, norms_W_B: torch.Tensor, numel: int, bits: int, bucket_size: int
+    packed: torch.Tensor,
+    norms: torch.Tensor,
+    numel: int,
+    bits: int,
+    bucket_size: int,
+    *,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """fp32 ``[numel]``: the reference's ``qsgd_dequantize_accumulate`` (worker order, one product and
-    one sum per payload) from the per-bucket fp32 norms (the level units ``n_b / s`` computed in the
-    loop, as the reference divides), bit for bit, in one pass."""
-    out = _decode("tw_qsgd_decode", packed_W_M, norms_W_B, numel, bucket_size, bits)
-    if out is None:
-        raise MemoryError(f"tw_qsgd_decode could not allocate {norms_W_B.numel()} level units")
-    return out
+    """fp32 ``[numel]`` (into ``out`` when given): the reference's ``qsgd_dequantize_accumulate``
+    (worker order, one product and one sum per payload) of the W payloads ``packed [W, bytes]`` (1-D:
+    one) with per-bucket fp32 ``norms`` (read flat, W rows), the level units ``n_b / s`` computed in
+    the loop as the reference divides, bit for bit, in one pass."""
+    workers = packed.shape[0] if packed.dim() == 2 else 1
+    decoded = _decode(
+        "tw_qsgd_decode",
+        packed,
+        norms,
+        numel,
+        workers,
+        norms.numel() // max(workers, 1),
+        bucket_size,
+        bits,
+        out=out,
+    )
+    if decoded is None:
+        raise MemoryError(f"tw_qsgd_decode could not allocate {norms.numel()} level units")
+    return decoded
 
 
 def ternary_decode(
-    packed_W_M: torch.Tensor, scalers_W_B: torch.Tensor, numel: int, bucket_size: int
+    packed: torch.Tensor,
+    scalers: torch.Tensor,
+    numel: int,
+    bucket_size: int,
+    *,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """fp32 ``[numel]``: the reference's ``ternary_decode_accumulate``, bit for bit, in one pass."""
-    out = _decode("tw_ternary_decode", packed_W_M, scalers_W_B, numel, bucket_size)
-    assert out is not None  # the ternary decoder has no failure to report
-    return out
+    """fp32 ``[numel]`` (into ``out`` when given): the reference's ``ternary_decode_accumulate`` of
+    the W payloads ``packed [W, bytes]`` (1-D: one), ``scalers`` per bucket (read flat, W rows), bit
+    for bit, in one pass."""
+    workers = packed.shape[0] if packed.dim() == 2 else 1
+    decoded = _decode(
+        "tw_ternary_decode",
+        packed,
+        scalers,
+        numel,
+        workers,
+        scalers.numel() // max(workers, 1),
+        bucket_size,
+        out=out,
+    )
+    assert decoded is not None  # the ternary decoder has no failure to report
+    return decoded
+
+
+def scatter(values_K: torch.Tensor, indices_K: torch.Tensor, out: torch.Tensor) -> None:
+    """``out`` (read flat) at ``indices_K`` (int32) set to ``values_K`` (fp32), in place: the
+    reference's ``index_copy_``; IndexError (nothing written) for an index outside ``out``."""
+    _check_cpu(torch.float32, values=values_K, out=out)
+    _check_cpu(torch.int32, indices=indices_K)
+    if values_K.numel() != indices_K.numel():
+        raise ValueError(f"{values_K.numel()} values for {indices_K.numel()} indices")
+    bad = _lib().tw_scatter(
+        values_K.data_ptr(), indices_K.data_ptr(), indices_K.numel(), out.numel(), out.data_ptr()
+    )
+    if bad >= 0:
+        raise IndexError(
+            f"index {int(indices_K[bad])} (position {bad}) is out of bounds for {out.numel()} entries"
+        )
 
 
 def threshold_select(

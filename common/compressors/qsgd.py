@@ -42,7 +42,15 @@ from kernels._buckets import NORMS, Norm
 from kernels._dispatch import rand
 from kernels.qsgd_quantize import ALLOWED_BITS, num_levels
 
-from .base import Compressor, CompressorRNG, Payload, check_fused_rng
+from .base import (
+    Compressor,
+    CompressorRNG,
+    Payload,
+    check_fused_rng,
+    check_out,
+    decodes_straight_into,
+    shaped,
+)
 
 ENCODINGS = ("fixed", "elias")
 #: Elias omega values handled here are < 2**31 (gaps are at most N <= 2**31 - 2**16, levels <= 127):
@@ -419,21 +427,41 @@ class QSGD(Compressor):
 
     def decompress(self, payload: Payload) -> Tensor:
         """``Q(v)`` in the payload's shape and dtype."""
-        out_N = qsgd_dequantize(
+        return shaped(self._decode(payload), payload)
+
+    def decompress_into(self, payload: Payload, out: Tensor) -> Tensor:
+        """``Q(v)`` decoded straight into ``out`` (fp32: no fresh tensor, no copy)."""
+        check_out(payload, out)
+        if not decodes_straight_into(out, [payload]):
+            return super().decompress_into(payload, out)
+        self._decode(payload, out)
+        return out
+
+    def _decode(self, payload: Payload, out: Tensor | None = None) -> Tensor:
+        return qsgd_dequantize(
             self.packed_codes(payload),
             payload.wire["norms"],
             payload.numel,
             bits=self.bits,
             bucket_size=self.bucket_size,
+            out=out,
         )
-        return out_N.reshape(payload.shape).to(payload.dtype)
 
     def aggregate(self, payloads: Sequence[Payload]) -> Tensor:
         """``sum_w Q(v_w)``: all payloads decoded in one pass, accumulated in fp32 in rank order."""
-        first = payloads[0]
+        return shaped(self._decode_all(payloads), payloads[0])
+
+    def aggregate_into(self, payloads: Sequence[Payload], out: Tensor) -> Tensor:
+        """:meth:`aggregate` decoded straight into ``out`` (fp32: no fresh tensor, no copy)."""
+        check_out(payloads[0], out)
+        if not decodes_straight_into(out, payloads):
+            return super().aggregate_into(payloads, out)
+        self._decode_all(payloads, out)
+        return out
+
+    def _decode_all(self, payloads: Sequence[Payload], out: Tensor | None = None) -> Tensor:
         packed_W_M = torch.stack([self.packed_codes(p) for p in payloads])
         norms_W_B = torch.stack([p.wire["norms"].float() for p in payloads])
-        out_N = qsgd_dequantize_accumulate(
-            packed_W_M, norms_W_B, first.numel, bits=self.bits, bucket_size=self.bucket_size
+        return qsgd_dequantize_accumulate(
+            packed_W_M, norms_W_B, payloads[0].numel, bits=self.bits, bucket_size=self.bucket_size, out=out
         )
-        return out_N.reshape(first.shape).to(first.dtype)

@@ -58,7 +58,16 @@ from torch import Tensor
 from kernels import ternarize, ternary_decode_accumulate, unpack_bits
 from kernels._dispatch import rand
 
-from .base import Compressor, CompressorRNG, Needs, Payload, check_fused_rng
+from .base import (
+    Compressor,
+    CompressorRNG,
+    Needs,
+    Payload,
+    check_fused_rng,
+    check_out,
+    decodes_straight_into,
+    shaped,
+)
 
 CODE_TRANSPORTS = ("auto", "allgather", "allreduce")
 CLIP_RULES = ("shared", "own")
@@ -230,16 +239,37 @@ class TernGrad(Compressor):
     # ----------------------------------------------------------------------------------- decoder
     def decompress(self, payload: Payload) -> Tensor:
         """``s * t`` in the payload's shape and dtype."""
-        out_N = ternary_decode_accumulate(payload.wire["codes"], payload.wire["scaler"], payload.numel)
-        return out_N.reshape(payload.shape).to(payload.dtype)
+        return shaped(self._decode(payload), payload)
+
+    def decompress_into(self, payload: Payload, out: Tensor) -> Tensor:
+        """``s * t`` decoded straight into ``out`` (fp32: no fresh tensor, no copy)."""
+        check_out(payload, out)
+        if not decodes_straight_into(out, [payload]):
+            return super().decompress_into(payload, out)
+        self._decode(payload, out)
+        return out
+
+    def _decode(self, payload: Payload, out: Tensor | None = None) -> Tensor:
+        return ternary_decode_accumulate(
+            payload.wire["codes"], payload.wire["scaler"], payload.numel, out=out
+        )
 
     def aggregate(self, payloads: Sequence[Payload]) -> Tensor:
         """``sum_w s_w * t_w``: all payloads decoded in one pass, accumulated in fp32 in rank order."""
-        first = payloads[0]
+        return shaped(self._decode_all(payloads), payloads[0])
+
+    def aggregate_into(self, payloads: Sequence[Payload], out: Tensor) -> Tensor:
+        """:meth:`aggregate` decoded straight into ``out`` (fp32: no fresh tensor, no copy)."""
+        check_out(payloads[0], out)
+        if not decodes_straight_into(out, payloads):
+            return super().aggregate_into(payloads, out)
+        self._decode_all(payloads, out)
+        return out
+
+    def _decode_all(self, payloads: Sequence[Payload], out: Tensor | None = None) -> Tensor:
         packed_W_M = torch.stack([p.wire["codes"] for p in payloads])
         scalers_W = torch.cat([p.wire["scaler"].reshape(1).float() for p in payloads])
-        out_N = ternary_decode_accumulate(packed_W_M, scalers_W, first.numel)
-        return out_N.reshape(first.shape).to(first.dtype)
+        return ternary_decode_accumulate(packed_W_M, scalers_W, payloads[0].numel, out=out)
 
     def codes(self, payload: Payload) -> Tensor:
         """The flat int8 ternary values {-1, 0, 1} (numel entries) decoded from the wire."""

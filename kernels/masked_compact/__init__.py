@@ -14,6 +14,7 @@ import logging
 
 import torch
 
+from kernels import _native
 from kernels._dispatch import Backend, check_index_dtype, check_numel, check_same_device, use_triton
 from kernels.masked_compact import reference
 from kernels.masked_compact.reference import mask_to_indices
@@ -74,6 +75,8 @@ def masked_scatter(
     """Write ``compact`` (cast to ``out.dtype``) into ``out`` at the mask's positions; returns ``out``.
 
     ``out`` must be contiguous (it is written in place); entries outside the mask are untouched.
+    On CPU, fp32 with int32 indices, ``"auto"`` runs a compiled loop (``kernels._native``, the
+    reference's values; an index outside ``out`` is an IndexError there too, with nothing written).
     """
     _check_dtype(compact.dtype, "compact")
     _check_dtype(out.dtype, "out")
@@ -88,6 +91,15 @@ def masked_scatter(
             f"got shape {tuple(compact.shape)}"
         )
     compact_K = compact.contiguous()
+    if (
+        backend == "auto"
+        and out.device.type == "cpu"
+        and compact_K.dtype == out.dtype == torch.float32
+        and indices_K.dtype == torch.int32
+        and _native.available()
+    ):  # the compiled loop: the reference's index_copy_ without its int64 copy of the indices
+        _native.scatter(compact_K, indices_K, out)
+        return out
     if use_triton(backend, out.device):
         from kernels.masked_compact import triton as triton_impl
 

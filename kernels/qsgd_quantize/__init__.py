@@ -21,9 +21,11 @@ import torch
 from kernels import _native
 from kernels._buckets import Norm, check_bucket_size, num_buckets
 from kernels._dispatch import (
+    MAX_NUMEL,
     NativeBackend,
     check_floating,
     check_numel,
+    check_out,
     check_same_device,
     philox_seed,
     uniform_noise,
@@ -100,6 +102,10 @@ def qsgd_quantize(
     return packed_M, norms_B
 
 
+def _sizes_ok(numel: int, bucket_size: int) -> bool:
+    return type(numel) is int and 0 <= numel <= MAX_NUMEL and type(bucket_size) is int and bucket_size > 0
+
+
 def qsgd_dequantize_accumulate(
     packed: torch.Tensor,
     norms: torch.Tensor,
@@ -108,11 +114,28 @@ def qsgd_dequantize_accumulate(
     bits: int = 4,
     bucket_size: int = DEFAULT_BUCKET_SIZE,
     backend: NativeBackend = "auto",
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """fp32 sum of W decoded payloads: ``packed [W, bytes]``, ``norms [W, num_buckets]`` -> ``[numel]``.
 
     Accumulated in worker order in fp32, the same in both backends. A 1-D payload counts as W = 1.
+    ``out``: a contiguous fp32 tensor of ``numel`` entries (any shape) on packed's device, written
+    and returned (no fresh tensor: GradientSync decodes into the gradient bucket).
     """
+    if backend == "auto" and type(bits) is int and bits in ALLOWED_BITS and _sizes_ok(numel, bucket_size):
+        decoded = _native.decode_fast(
+            "tw_qsgd_decode",
+            packed,
+            norms,
+            numel,
+            num_packed_bytes(numel, bits),
+            num_buckets(numel, bucket_size),
+            bucket_size,
+            bits,
+            out=out,
+        )
+        if decoded is not None:  # else the checked path below: the other backends, or an error
+            return decoded
     num_levels(bits)
     check_bucket_size(bucket_size)
     check_numel(numel, "output")
@@ -120,31 +143,36 @@ def qsgd_dequantize_accumulate(
         raise ValueError(
             f"packed must be uint8 [W, bytes] or [bytes], got {packed.dtype} {tuple(packed.shape)}"
         )
-    packed_W_M = packed.reshape(1, -1) if packed.dim() == 1 else packed
-    num_workers = packed_W_M.shape[0]
-    if packed_W_M.shape[1] != num_packed_bytes(numel, bits):
+    num_workers = packed.shape[0] if packed.dim() == 2 else 1
+    if packed.shape[-1] != num_packed_bytes(numel, bits):
         raise ValueError(
             f"{numel} codes of {bits} bits need {num_packed_bytes(numel, bits)} bytes per worker, "
-            f"got {packed_W_M.shape[1]}"
+            f"got {packed.shape[-1]}"
         )
     check_floating(norms, "norms")
-    check_same_device(packed=packed, norms=norms)
+    device = check_same_device(packed=packed, norms=norms)
     expected = num_buckets(numel, bucket_size)
     if norms.numel() != num_workers * expected:
         raise ValueError(
             f"{numel} elements in buckets of {bucket_size} need {expected} norms per worker "
             f"({num_workers} workers), got a tensor of shape {tuple(norms.shape)}"
         )
+    if out is not None:
+        check_out(out, numel, device)
+    if use_native(backend, device):
+        if norms.dtype != torch.float32 or not norms.is_contiguous():
+            norms = norms.to(torch.float32).contiguous()
+        return _native.qsgd_decode(packed.contiguous(), norms, numel, bits, bucket_size, out=out)
+    packed_W_M = (packed if packed.dim() == 2 else packed.reshape(1, -1)).contiguous()
     norms_W_B = norms.reshape(num_workers, expected).to(torch.float32)
-    packed_W_M = packed_W_M.contiguous()
-    if use_native(backend, packed.device):
-        return _native.qsgd_decode(packed_W_M, norms_W_B.contiguous(), numel, bits, bucket_size)
-    if use_triton(backend, packed.device):
+    if use_triton(backend, device):
         from kernels.qsgd_quantize import triton as triton_impl
 
         units_W_B = level_units(norms_W_B, bits).contiguous()
-        return triton_impl.qsgd_dequantize_accumulate(packed_W_M, units_W_B, numel, bits, bucket_size)
-    return reference.qsgd_dequantize_accumulate(packed_W_M, norms_W_B, numel, bits, bucket_size)
+        decoded = triton_impl.qsgd_dequantize_accumulate(packed_W_M, units_W_B, numel, bits, bucket_size)
+    else:
+        decoded = reference.qsgd_dequantize_accumulate(packed_W_M, norms_W_B, numel, bits, bucket_size)
+    return decoded if out is None else out.copy_(decoded.view(out.shape))
 
 
 def qsgd_dequantize(
@@ -155,10 +183,12 @@ def qsgd_dequantize(
     bits: int = 4,
     bucket_size: int = DEFAULT_BUCKET_SIZE,
     backend: NativeBackend = "auto",
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Decode one payload (1-D ``packed``, ``norms [num_buckets]``) to fp32 ``[numel]``; reshape as needed."""
+    """Decode one payload (1-D ``packed``, ``norms [num_buckets]``) to fp32 ``[numel]`` (into ``out``
+    as :func:`qsgd_dequantize_accumulate`); reshape as needed."""
     if packed.dim() != 1:
         raise ValueError(f"packed must be 1-D (one payload), got shape {tuple(packed.shape)}")
     return qsgd_dequantize_accumulate(
-        packed, norms.reshape(1, -1), numel, bits=bits, bucket_size=bucket_size, backend=backend
+        packed, norms, numel, bits=bits, bucket_size=bucket_size, backend=backend, out=out
     )

@@ -21,9 +21,11 @@ import torch
 from kernels import _native
 from kernels._buckets import check_bucket_size, num_buckets
 from kernels._dispatch import (
+    MAX_NUMEL,
     NativeBackend,
     check_floating,
     check_numel,
+    check_out,
     check_same_device,
     philox_seed,
     uniform_noise,
@@ -38,9 +40,10 @@ __all__ = ["ternarize", "ternary_decode_accumulate"]
 
 
 def _scalers_per_bucket(
-    scalers: torch.Tensor, num_rows: int, numel: int, bucket_size: int | None
+    scalers: torch.Tensor, num_rows: int, numel: int, bucket_size: int | None, *, flat: bool = False
 ) -> torch.Tensor:
-    """``[num_rows, B]`` fp32 contiguous scalers, checked against the bucket count."""
+    """``[num_rows, B]`` fp32 contiguous scalers, checked against the bucket count (``flat``: any
+    shape will do, as for the native decoder, which reads them flat)."""
     check_floating(scalers, "scaler")
     expected = 1 if bucket_size is None else num_buckets(numel, bucket_size)
     if scalers.numel() != num_rows * expected:
@@ -49,6 +52,8 @@ def _scalers_per_bucket(
             f"{numel} elements with scalers {what} need {expected} scaler(s) per row ({num_rows} rows), "
             f"got a tensor of shape {tuple(scalers.shape)}"
         )
+    if flat and scalers.dtype == torch.float32 and scalers.is_contiguous():
+        return scalers
     return scalers.reshape(num_rows, expected).to(torch.float32).contiguous()
 
 
@@ -114,33 +119,59 @@ def ternary_decode_accumulate(
     *,
     bucket_size: int | None = None,
     backend: NativeBackend = "auto",
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """fp32 ``sum_w scalers_w * code_w`` over W ternary payloads: ``[numel]``.
 
     ``packed``: ``[W, ceil(numel / 4)]`` uint8 (a 1-D payload counts as W = 1). ``scalers``: ``[W]``
     (per tensor) or ``[W, ceil(numel / bucket_size)]`` (per bucket, with ``bucket_size``).
     Accumulated in worker order in fp32, the same in every backend (on CPU tensors ``"auto"`` runs
-    the compiled kernel, ``kernels._native``, where it builds).
+    the compiled kernel, ``kernels._native``, where it builds). ``out``: a contiguous fp32 tensor of
+    ``numel`` entries (any shape) on packed's device, written and returned.
     """
+    if (
+        backend == "auto"
+        and type(numel) is int
+        and 0 <= numel <= MAX_NUMEL
+        and (bucket_size is None or (type(bucket_size) is int and bucket_size > 0))
+    ):
+        size = max(numel, 1) if bucket_size is None else bucket_size
+        decoded = _native.decode_fast(
+            "tw_ternary_decode",
+            packed,
+            scalers,
+            numel,
+            num_packed_bytes(numel, 2),
+            1 if bucket_size is None else num_buckets(numel, size),
+            size,
+            out=out,
+        )
+        if decoded is not None:  # else the checked path below: the other backends, or an error
+            return decoded
     if packed.dtype != torch.uint8 or packed.dim() not in (1, 2):
         raise ValueError(
             f"packed must be uint8 [W, bytes] or [bytes], got {packed.dtype} {tuple(packed.shape)}"
         )
     check_numel(numel, "output")
-    packed_W_M = packed.reshape(1, -1) if packed.dim() == 1 else packed
-    if packed_W_M.shape[1] != num_packed_bytes(numel, 2):
+    num_workers = packed.shape[0] if packed.dim() == 2 else 1
+    if packed.shape[-1] != num_packed_bytes(numel, 2):
         raise ValueError(
             f"{numel} ternary codes need {num_packed_bytes(numel, 2)} bytes per worker, "
-            f"got {packed_W_M.shape[1]}"
+            f"got {packed.shape[-1]}"
         )
-    check_same_device(packed=packed, scalers=scalers)
+    device = check_same_device(packed=packed, scalers=scalers)
     size = _effective_bucket_size(numel, bucket_size)
-    scalers_W_B = _scalers_per_bucket(scalers, packed_W_M.shape[0], numel, bucket_size)
-    packed_W_M = packed_W_M.contiguous()
-    if use_native(backend, packed.device):
-        return _native.ternary_decode(packed_W_M, scalers_W_B, numel, size)
-    if use_triton(backend, packed.device):
+    if out is not None:
+        check_out(out, numel, device)
+    if use_native(backend, device):
+        scalers_B = _scalers_per_bucket(scalers, num_workers, numel, bucket_size, flat=True)
+        return _native.ternary_decode(packed.contiguous(), scalers_B, numel, size, out=out)
+    scalers_W_B = _scalers_per_bucket(scalers, num_workers, numel, bucket_size)
+    packed_W_M = (packed if packed.dim() == 2 else packed.reshape(1, -1)).contiguous()
+    if use_triton(backend, device):
         from kernels.ternarize import triton as triton_impl
 
-        return triton_impl.ternary_decode_accumulate(packed_W_M, scalers_W_B, numel, size)
-    return reference.ternary_decode_accumulate(packed_W_M, scalers_W_B, numel, size)
+        decoded = triton_impl.ternary_decode_accumulate(packed_W_M, scalers_W_B, numel, size)
+    else:
+        decoded = reference.ternary_decode_accumulate(packed_W_M, scalers_W_B, numel, size)
+    return decoded if out is None else out.copy_(decoded.view(out.shape))

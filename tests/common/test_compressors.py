@@ -135,6 +135,30 @@ def test_aggregate_into_a_dirty_buffer_equals_aggregate(case):
         assert torch.equal(out, expected.to(dtype))
 
 
+@pytest.mark.parametrize("name", ["qsgd", "terngrad"])
+def test_decoders_into_out_take_the_default_route_where_they_cannot_write_it(name):
+    """QSGD and TernGrad decode straight into an fp32 ``out``; an ``out`` holding the wire (here the
+    codes kept in its own bytes), an fp16 payload or a non-contiguous ``out`` go the default way
+    (decode, then copy): the same values as ``decompress`` on every route. (20,000 entries: the C
+    decoders stage 8,192 codes at a time, so a straight write would overwrite codes not yet read.)"""
+    comp = build_compressor(name)
+    x = torch.randn(20, 1000, generator=torch.Generator().manual_seed(0))
+    payload = comp.compress(x, CompressorRNG(seed=1, rank=0))
+    expected = comp.decompress(payload).reshape(-1).clone()
+    out = torch.full((20000,), float("nan"))
+    codes = payload.wire["codes"]
+    held = out.view(torch.uint8)[: codes.numel()]
+    held.copy_(codes)
+    aliased = payload.with_wire({**payload.wire, "codes": held})
+    assert torch.equal(comp.decompress_into(aliased, out), expected)
+    out = torch.full((20000, 2), float("nan"))[:, 0]
+    assert torch.equal(comp.decompress_into(payload, out), expected)
+    half = comp.compress(x.half(), CompressorRNG(seed=1, rank=0))
+    out = torch.full((20, 1000), float("nan"))
+    assert torch.equal(comp.decompress_into(half, out), comp.decompress(half).float())
+    assert torch.equal(comp.aggregate_into([half, half], out), comp.aggregate([half, half]).float())
+
+
 def test_decompress_into_a_buffer_of_the_wrong_size_is_rejected():
     comp = build_compressor("random_block", density=0.25)
     payload = comp.compress(torch.randn(3, 4), CompressorRNG(seed=1, rank=0))

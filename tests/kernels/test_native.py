@@ -22,6 +22,8 @@ from kernels import _native
 from kernels._buckets import bucket_norms
 from kernels.ef_update import ef_update
 from kernels.ef_update.reference import ef_update as ef_update_ref
+from kernels.masked_compact import masked_scatter
+from kernels.masked_compact import reference as masked_compact_ref
 from kernels.pack_bits import reference as pack_ref
 from kernels.qsgd_quantize import qsgd_dequantize_accumulate, qsgd_quantize
 from kernels.qsgd_quantize import reference as qsgd_ref
@@ -293,17 +295,98 @@ def test_decoders_dispatch_to_native_on_cpu(gen, monkeypatch) -> None:
     packed = torch.randint(0, 256, (2, 250), generator=gen, dtype=torch.uint8)
     scalers = torch.rand(2, generator=gen)
     calls: list[str] = []
-    real = _native.ternary_decode
-    monkeypatch.setattr(_native, "ternary_decode", lambda *a: calls.append("native") or real(*a))
+    real = _native.decode_fast
+    monkeypatch.setattr(_native, "decode_fast", lambda k, *a, **kw: calls.append(k) or real(k, *a, **kw))
     auto = ternary_decode_accumulate(packed, scalers, 1000)
-    assert calls == ["native"]
+    assert calls == ["tw_ternary_decode"]
     assert torch.equal(auto, ternary_decode_accumulate(packed, scalers, 1000, backend="reference"))
-    assert calls == ["native"]  # "reference" is the reference
+    assert calls == ["tw_ternary_decode"]  # "reference" is the reference
     norms = torch.rand(2, 2, generator=gen)
     assert torch.equal(
-        qsgd_dequantize_accumulate(packed, norms, 1000, bits=2, bucket_size=512, backend="native"),
+        qsgd_dequantize_accumulate(packed, norms, 1000, bits=2, bucket_size=512),
         qsgd_dequantize_accumulate(packed, norms, 1000, bits=2, bucket_size=512, backend="reference"),
     )
+    assert calls == ["tw_ternary_decode", "tw_qsgd_decode"]
+
+
+def _decoders(gen: torch.Generator, numel: int, workers: int):
+    """(name, decode(packed, per_bucket, **kw), packed, per-bucket values) for QSGD 4-bit and TernGrad."""
+    qsgd_packed = torch.randint(0, 256, (workers, math.ceil(numel / 2)), generator=gen, dtype=torch.uint8)
+    tern_packed = torch.randint(0, 256, (workers, math.ceil(numel / 4)), generator=gen, dtype=torch.uint8)
+    norms = torch.rand(workers, math.ceil(numel / 100), generator=gen) * 5
+    scalers = torch.rand(workers, generator=gen) * 3
+
+    def qsgd(packed, units, **kw):
+        return qsgd_dequantize_accumulate(packed, units, numel, bits=4, bucket_size=100, **kw)
+
+    def tern(packed, units, **kw):
+        return ternary_decode_accumulate(packed, units, numel, **kw)
+
+    return [("qsgd", qsgd, qsgd_packed, norms), ("terngrad", tern, tern_packed, scalers)]
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_decoders_write_into_out(workers: int, gen) -> None:
+    """``out=``: the same bits as a fresh decode, written into ``out`` (any shape) and returned;
+    on every route (the fast path's common case; a non-contiguous or fp16 input, which the checked
+    path converts; the reference backend)."""
+    numel = 1000
+    for name, decode, packed, units in _decoders(gen, numel, workers):
+        expected = decode(packed, units, backend="reference")
+        variants = {
+            "fast": (packed, units),
+            "strided codes": (torch.stack([packed, packed], -1)[..., 0], units),
+            "fp16 units": (packed, units.half()),
+        }
+        for what, (p, u) in variants.items():
+            want = (
+                expected
+                if what != "fp16 units"
+                else decode(packed, units.half().float(), backend="reference")
+            )
+            for backend in ("auto", "reference"):
+                out = torch.full((10, 100), float("nan"))
+                assert decode(p, u, backend=backend, out=out) is out, (name, what, backend)
+                assert torch.equal(out.reshape(-1), want), (name, what, backend)
+            assert torch.equal(decode(p, u), want), (name, what)
+
+
+def test_decoders_refuse_a_bad_out_and_bad_sizes_with_their_messages(gen) -> None:
+    for _name, decode, packed, units in _decoders(gen, 1000, 2):
+        for out in (torch.empty(999), torch.empty(1000, dtype=torch.float64), torch.empty(2000)[::2]):
+            with pytest.raises(
+                ValueError, match="out must be a contiguous float32 tensor of 1000 entries on cpu"
+            ):
+                decode(packed, units, out=out)
+        with pytest.raises(ValueError, match="bytes per worker, got 7"):
+            decode(packed[:, :7], units)
+        with pytest.raises(ValueError, match="per worker|per row"):
+            decode(packed, units[:1])
+
+
+@pytest.mark.parametrize("numel", [1, 100, 100_003])
+def test_masked_scatter_native_equals_index_copy(numel: int, gen) -> None:
+    """The compiled scatter (CPU, fp32, int32 indices) writes the reference's bits (-0, NaN and
+    infinities kept) and leaves the rest of ``out`` as it was."""
+    k = max(1, numel // 100)
+    indices = torch.randperm(numel, generator=gen)[:k].to(torch.int32)
+    values = torch.randn(k, generator=gen)
+    values[: min(k, 4)] = torch.tensor([-0.0, float("nan"), float("inf"), -float("inf")])[: min(k, 4)]
+    dirty = torch.randn(numel, generator=gen)
+    expected = dirty.clone()
+    masked_compact_ref.masked_scatter(values, indices, expected)
+    out = dirty.clone()
+    assert masked_scatter(values, indices, out) is out
+    assert torch.equal(out.view(torch.int32), expected.view(torch.int32))  # bit for bit, NaN included
+
+
+def test_masked_scatter_native_refuses_an_index_out_of_range_and_writes_nothing(gen) -> None:
+    out = torch.zeros(10)
+    for bad in (10, -1):
+        indices = torch.tensor([1, bad, 3], dtype=torch.int32)
+        with pytest.raises(IndexError, match=rf"index {bad} \(position 1\) is out of bounds for 10 entries"):
+            masked_scatter(torch.ones(3), indices, out)
+        assert torch.equal(out, torch.zeros(10))
 
 
 @pytest.mark.parametrize("numel", [0, *SIZES])
