@@ -10,11 +10,12 @@ decompress; QSGD: one l2 norm per tensor, ``uniform_`` noise, int8 levels; TernG
 clamp, ``uniform_(0, scalar)``, int8 signs), so the comparison is on this machine, in one process,
 same tensors. DGC's peer is its official code (``synxlin/deep-gradient-compression``,
 ``_sparsify`` and ``decompress``: ``tests/helpers/official_dgc.py``, the start of its strided
-sample from Python's ``random`` as there; decompression into a reused gradient buffer, as there).
+sample from Python's ``random`` as there; decompression into the gradient it compressed, as there).
 thinwire's are the registry's compressors with the suite's options (top-k 1 %, QSGD 4-bit buckets
 of 512 fixed-width, TernGrad shared-scaler clipping at 2.5 sigma, DGC at 0.1 %), bit-packed;
-decompression into a reused buffer (``decompress_into``) where the compressor has its own, else
-``decompress``. ``qsgd_fused`` / ``terngrad_fused``: the same with ``fused_rng`` (the noise drawn
+decompression into the tensor it compressed (``decompress_into``, as GradientSync decodes into the
+bucket) where the compressor has its own, else ``decompress``. ``qsgd_fused`` / ``terngrad_fused``:
+the same with ``fused_rng`` (the noise drawn
 inside the quantizing kernel, ``kernels._native`` on a CPU).
 For each size (1e5, 1e6, 1e7 fp32 entries) and thread count (1, 2) the calls alternate, thinwire then
 the peer, in rounds (5x ``--repeats`` at 1e5, ``--repeats`` at 1e6, a third at 1e7); reported: median
@@ -87,11 +88,10 @@ def grace_terngrad(x: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], Callable[
 def official_dgc(x: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], Callable[[], torch.Tensor]]:
     _, _, _, stride = official.sample_plan(x.numel(), 0.001)
     values, indices = official.sparsify(x, 0.001, random.randint(0, stride - 1))
-    grad = _GRADS.setdefault(x.numel(), torch.empty(x.numel()))  # the code's reused gradient
-    return (values, indices), lambda: official.decompress(values, indices, grad)
+    # the code decodes into its reused gradient: here the gradient it compressed (the round's copy)
+    return (values, indices), lambda: official.decompress(values, indices, x)
 
 
-_GRADS: dict[int, torch.Tensor] = {}
 PEERS = {
     "topk": grace_topk,
     "qsgd": grace_qsgd,
@@ -113,19 +113,23 @@ def measure(name: str, numel: int, repeats: int) -> dict[str, float]:
     compressor = build_compressor(THINWIRE[name][0], **THINWIRE[name][1])
     x = torch.randn(numel, generator=torch.Generator().manual_seed(numel))
     rng = CompressorRNG(0, 0)
-    out = torch.empty(numel)
     into = type(compressor).decompress_into is not Compressor.decompress_into
     times: dict[str, list[float]] = {k: [] for k in ("ours_c", "ours_d", "grace_c", "grace_d")}
     for _ in range(repeats + 1):  # the first round warms up and is dropped
+        # Each side gets its own copy of the gradient (untimed) and decodes into it where its code
+        # decodes into a buffer: GradientSync into the bucket it compressed, DGC's code into the
+        # gradient; GRACE's decoders return fresh tensors. (A buffer the other side's calls pushed
+        # out of the cache made 10^5-entry decodes up to 2x slower than a fresh, cache-warm tensor.)
+        ours_x, peer_x = x.clone(), x.clone()
         start = time.perf_counter()
-        payload = compressor.compress(x, rng)
+        payload = compressor.compress(ours_x, rng)
         times["ours_c"].append(time.perf_counter() - start)
         if into:
-            times["ours_d"].append(_time(lambda p=payload: compressor.decompress_into(p, out)))
+            times["ours_d"].append(_time(lambda p=payload, o=ours_x: compressor.decompress_into(p, o)))
         else:
             times["ours_d"].append(_time(lambda p=payload: compressor.decompress(p)))
         start = time.perf_counter()
-        wire, decompress = PEERS[name](x)
+        wire, decompress = PEERS[name](peer_x)
         times["grace_c"].append(time.perf_counter() - start)
         times["grace_d"].append(_time(decompress))
     med = {k: statistics.median(v[1:]) for k, v in times.items()}

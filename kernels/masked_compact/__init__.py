@@ -78,6 +78,8 @@ def masked_scatter(
     On CPU, fp32 with int32 indices, ``"auto"`` runs a compiled loop (``kernels._native``, the
     reference's values; an index outside ``out`` is an IndexError there too, with nothing written).
     """
+    if backend == "auto" and _native.scatter_fast(compact, mask, out):  # the common case on CPU
+        return out
     _check_dtype(compact.dtype, "compact")
     _check_dtype(out.dtype, "out")
     if not out.is_contiguous():
@@ -91,14 +93,7 @@ def masked_scatter(
             f"got shape {tuple(compact.shape)}"
         )
     compact_K = compact.contiguous()
-    if (
-        backend == "auto"
-        and out.device.type == "cpu"
-        and compact_K.dtype == out.dtype == torch.float32
-        and indices_K.dtype == torch.int32
-        and _native.available()
-    ):  # the compiled loop: the reference's index_copy_ without its int64 copy of the indices
-        _native.scatter(compact_K, indices_K, out)
+    if backend == "auto" and _native.scatter_fast(compact_K, indices_K, out):  # e.g. strided values
         return out
     if use_triton(backend, out.device):
         from kernels.masked_compact import triton as triton_impl

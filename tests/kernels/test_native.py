@@ -378,6 +378,18 @@ def test_masked_scatter_native_equals_index_copy(numel: int, gen) -> None:
     out = dirty.clone()
     assert masked_scatter(values, indices, out) is out
     assert torch.equal(out.view(torch.int32), expected.view(torch.int32))  # bit for bit, NaN included
+    # the checked path's forms: int64 indices, strided values (compiled where it can), a bool mask
+    order = torch.argsort(indices)
+    mask = torch.zeros(numel, dtype=torch.bool)
+    mask[indices.long()] = True
+    for idx, vals in (
+        (indices.long(), values),
+        (indices, torch.stack([values, values], 1)[:, 0]),
+        (mask, values[order]),
+    ):
+        out = dirty.clone()
+        assert masked_scatter(vals, idx, out) is out
+        assert torch.equal(out.view(torch.int32), expected.view(torch.int32))
 
 
 def test_masked_scatter_native_refuses_an_index_out_of_range_and_writes_nothing(gen) -> None:
