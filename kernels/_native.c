@@ -179,9 +179,11 @@ static inline float tw_code_value(uint32_t byte, int k, int bits, int ternary) {
     return (code >> (bits - 1)) ? -level : level;
 }
 
-/* [byte][k]: the value of the byte's code k, for TernGrad and 2-bit QSGD; filled when
- * the library is loaded (before any call, so no two threads race to fill them). */
+/* [byte][k]: the value of the byte's code k, for TernGrad and 2-bit QSGD (and TernGrad's as floats,
+ * tw_decode_first_row's); filled when the library is loaded (before any call, so no two threads
+ * race to fill them). */
 static int8_t tw_values_ternary[256][4], tw_values_q2[256][4];
+static float tw_floats_ternary[256][4];
 
 static void tw_fill_values(int8_t *table, int bits, int ternary) {
     const int per = 8 / bits;
@@ -192,6 +194,23 @@ static void tw_fill_values(int8_t *table, int bits, int ternary) {
 __attribute__((constructor)) static void tw_fill_tables(void) {
     tw_fill_values(&tw_values_ternary[0][0], 2, 1);
     tw_fill_values(&tw_values_q2[0][0], 2, 0);
+    for (int byte = 0; byte < 256; ++byte)
+        for (int k = 0; k < 4; ++k) tw_floats_ternary[byte][k] = (float)tw_values_ternary[byte][k];
+}
+
+/* TernGrad's first payload with one scaler for its whole row (a scaler per tensor, the default):
+ * each byte's four values as floats from a 256 x 4 table, times the scaler, 0 + d as the other
+ * loops' first worker. On one core of the AMX Xeon 0.82-0.85 of the table-and-scale loop's time at
+ * 10^5 and 10^7 entries and 0.67-0.81 at 10^6 (/tmp/s17/proto3.c, throw-away; the same bits); for
+ * the later workers' out + d it was 1.04-1.33, so they keep that loop. */
+static inline void tw_decode_first_row(const uint8_t *restrict row, int64_t n, const float unit,
+                                       float *restrict out) {
+    const int64_t whole = n / 4;
+    for (int64_t m = 0; m < whole; ++m) {
+        const float *t = tw_floats_ternary[row[m]];
+        for (int k = 0; k < 4; ++k) out[4 * m + k] = 0.0f + t[k] * unit;
+    }
+    for (int64_t i = whole * 4; i < n; ++i) out[i] = 0.0f + tw_floats_ternary[row[i / 4]][i % 4] * unit;
 }
 
 /* A chunk's int8 values [start, end) times their buckets' units, into out (w == 0: 0 + d, the first
@@ -289,7 +308,8 @@ static inline void tw_decode(const uint8_t *restrict packed, int64_t workers, in
     for (int64_t w = 0; w < workers; ++w) {
         const uint8_t *row = packed + w * row_bytes;
         const float *unit_row = units + w * num_units;
-        if (bits == 2) tw_decode_table(row, n, unit_row, bucket, table, (int)(w != 0), out);
+        if (ternary && w == 0 && bucket >= n) tw_decode_first_row(row, n, unit_row[0], out);
+        else if (bits == 2) tw_decode_table(row, n, unit_row, bucket, table, (int)(w != 0), out);
         else if (n > TW_LEVELS_MAX) tw_decode_shift(row, n, unit_row, bucket, bits, (int)(w != 0), out);
         else if (bits == 4) tw_decode_levels(row, n, unit_row, bucket, 4, (int)(w != 0), out);
         else tw_decode_levels(row, n, unit_row, bucket, 8, (int)(w != 0), out);
