@@ -12,7 +12,7 @@ tensors; all but ``fused_rng`` give the reference's values bit for bit).
 | op folder          | public functions                                                  | paper       |
 |--------------------|-------------------------------------------------------------------|-------------|
 | ``pack_bits``      | ``pack_bits``, ``unpack_bits``                                    | all         |
-| ``ternarize``      | ``ternarize``, ``ternary_decode_accumulate``                      | TernGrad    |
+| ``ternarize``      | ``ternarize``, ``ternary_decode_accumulate``, ``ternary_values``, ``scale_values`` | TernGrad |
 | ``qsgd_quantize``  | ``qsgd_quantize``, ``qsgd_dequantize``, ``qsgd_dequantize_accumulate`` | QSGD   |
 | ``threshold_select`` | ``threshold_select``, ``estimate_threshold``                    | DGC, ExDyna |
 | ``ef_update``      | ``ef_update``, ``ef_mask``                                        | DGC         |
@@ -24,7 +24,7 @@ from kernels.ef_update import ef_mask, ef_update
 from kernels.masked_compact import mask_to_indices, masked_compact, masked_scatter
 from kernels.pack_bits import pack_bits, unpack_bits
 from kernels.qsgd_quantize import qsgd_dequantize, qsgd_dequantize_accumulate, qsgd_quantize
-from kernels.ternarize import ternarize, ternary_decode_accumulate
+from kernels.ternarize import scale_values, ternarize, ternary_decode_accumulate, ternary_values
 from kernels.threshold_select import estimate_threshold, threshold_select
 
 __all__ = [
@@ -40,8 +40,10 @@ __all__ = [
     "qsgd_dequantize",
     "qsgd_dequantize_accumulate",
     "qsgd_quantize",
+    "scale_values",
     "ternarize",
     "ternary_decode_accumulate",
+    "ternary_values",
     "threshold_select",
     "unpack_bits",
 ]

@@ -337,6 +337,23 @@ void tw_ternary_decode(const uint8_t *packed, int64_t workers, int64_t row_bytes
     tw_decode(packed, workers, row_bytes, n, scalers, num_scalers, bucket, 2, 1, out);
 }
 
+/* TernGrad's integer route (GradientSync all-reduces the codes' int8 sum when every rank shares
+ * one scaler): a payload's codes as int8 values {-1, 0, +1} (the unused code 3 as 0), four a byte
+ * from the value table, and a code sum decoded, (float)v_i * s, as torch's cast then product. */
+void tw_ternary_values(const uint8_t *restrict packed, int64_t n, int8_t *restrict out) {
+    const int64_t whole = n / 4;
+    for (int64_t m = 0; m < whole; ++m) memcpy(out + 4 * m, tw_values_ternary[packed[m]], 4);
+    for (int64_t i = whole * 4; i < n; ++i) out[i] = tw_values_ternary[packed[i / 4]][i % 4];
+}
+
+void tw_scale_int8(const int8_t *restrict v, int64_t n, float s, float *restrict out) {
+    for (int64_t i = 0; i < n; ++i) out[i] = (float)v[i] * s;
+}
+
+void tw_scale_int16(const int16_t *restrict v, int64_t n, float s, float *restrict out) {
+    for (int64_t i = 0; i < n; ++i) out[i] = (float)v[i] * s;
+}
+
 /* Threshold selection (DGC, ExDyna): the entries with |x_i| >= thr, in ascending position, into
  * buffers of `capacity` slots (slots past the count hold value 0 at index 0); returns the exact count,
  * which may exceed capacity. The reference's compare, nonzero and gather in one pass.

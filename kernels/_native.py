@@ -121,6 +121,11 @@ def _load() -> ctypes.CDLL | str:
     lib.tw_ef_update.restype = None
     lib.tw_scatter.argtypes = [ptr, ptr, i64, i64, ptr]
     lib.tw_scatter.restype = i64
+    lib.tw_ternary_values.argtypes = [ptr, i64, ptr]
+    lib.tw_ternary_values.restype = None
+    for fn in (lib.tw_scale_int8, lib.tw_scale_int16):
+        fn.argtypes = [ptr, i64, ctypes.c_float, ptr]
+        fn.restype = None
     lib.tw_mt_uniform.argtypes = [ptr, ptr, i64, ptr]
     lib.tw_mt_uniform.restype = None
     return lib
@@ -385,6 +390,32 @@ def ternary_decode(
     )
     assert decoded is not None  # the ternary decoder has no failure to report
     return decoded
+
+
+def ternary_values(packed_M: torch.Tensor, numel: int, out: torch.Tensor) -> torch.Tensor:
+    """The int8 values {-1, 0, +1} of ``numel`` packed ternary codes into ``out`` (the reference's
+    unpack and subtraction, in one pass); returns ``out``."""
+    _check_cpu(torch.uint8, packed=packed_M)
+    _check_cpu(torch.int8, out=out)
+    if packed_M.numel() != -(-numel // 4) or out.numel() != numel:
+        raise ValueError(
+            f"{numel} codes need {-(-numel // 4)} bytes and out of {numel}, got {packed_M.numel()} and {out.numel()}"
+        )
+    _lib().tw_ternary_values(packed_M.data_ptr(), numel, out.data_ptr())
+    return out
+
+
+def scale_values(values: torch.Tensor, scaler: float, out: torch.Tensor) -> torch.Tensor:
+    """fp32 ``values * scaler`` (int8 or int16 ``values``) into ``out``: torch's cast then product."""
+    _check_cpu(values.dtype, values=values)
+    _check_cpu(torch.float32, out=out)
+    if values.dtype not in (torch.int8, torch.int16) or out.numel() != values.numel():
+        raise ValueError(
+            f"values must be int8 or int16 with out's size, got {values.dtype} {values.numel()} for {out.numel()}"
+        )
+    kernel = _lib().tw_scale_int8 if values.dtype == torch.int8 else _lib().tw_scale_int16
+    kernel(values.data_ptr(), values.numel(), scaler, out.data_ptr())
+    return out
 
 
 def scatter_fast(values: torch.Tensor, indices: torch.Tensor, out: torch.Tensor) -> bool:

@@ -478,6 +478,8 @@ class GradientSync:
                     step.gathered[i] = g
         with self.stats.phase("decompress", flat.device):
             means = self._decode_scaled(step)
+        if all(m.data_ptr() == u[1].data_ptr() for m, u in zip(means, step.units, strict=True)):
+            return flat  # every unit's mean was written into its own slice of the input
         return means[0] if len(means) == 1 else torch.cat(means)
 
     def _encode_scaled(
@@ -525,9 +527,9 @@ class GradientSync:
             step.summed = [i for i in ternary if route == "allreduce"]
             code_dtype = torch.int8 if world <= 127 else torch.int16
             if step.summed:
-                step.code_sum = torch.cat(
-                    [compressor.codes(step.payloads[i]).to(code_dtype) for i in step.summed]
-                )
+                parts = [compressor.codes(step.payloads[i]).to(code_dtype) for i in step.summed]
+                # one unit (a whole bucket): its fresh codes are summed in place, no copy
+                step.code_sum = parts[0] if len(parts) == 1 else torch.cat(parts)
             if step.dense_ids:
                 step.dense_sum = torch.cat([compensated[i].reshape(-1).float() for i in step.dense_ids])
         return step
@@ -549,14 +551,22 @@ class GradientSync:
         )
         means: list[Tensor] = []
         for i, (unit_names, unit_flat, unit_sizes) in enumerate(step.units):
+            # Decoded into the unit's own slice of the bucket where it is fp32: nothing reads it
+            # after encoding (``compensated`` and ``sent`` are their own tensors, or unused).
+            into = unit_flat if unit_flat.dtype == torch.float32 and unit_flat.is_contiguous() else None
             if step.dense[i]:
                 total = next(dense_parts)
             elif i in step.gathered:
-                total = self.compressor.aggregate(step.gathered[i])
+                gathered = step.gathered[i]
+                total = (
+                    self.compressor.aggregate(gathered)
+                    if into is None
+                    else self.compressor.aggregate_into(gathered, into)
+                )
             else:
                 j = step.ternary.index(i)
                 total = compressor.decode_sum(
-                    next(code_parts), step.scalers[j], unit_flat.shape, torch.float32
+                    next(code_parts), step.scalers[j], unit_flat.shape, torch.float32, out=into
                 )
             means.append(total.reshape(-1).to(unit_flat.dtype).div_(world))
             if ef is not None:

@@ -346,6 +346,14 @@ class ScaledCodes(Protocol):
         """The payload's integer codes, one per entry (what the integer all-reduce sums)."""
         ...
 
-    def decode_sum(self, code_sum: Tensor, scaler: Tensor, shape: torch.Size, dtype: torch.dtype) -> Tensor:
-        """The sum over ranks from the summed codes and the agreed scaler."""
+    def decode_sum(
+        self,
+        code_sum: Tensor,
+        scaler: Tensor,
+        shape: torch.Size,
+        dtype: torch.dtype,
+        out: Tensor | None = None,
+    ) -> Tensor:
+        """The sum over ranks from the summed codes and the agreed scaler (into ``out``, a
+        contiguous fp32 tensor of as many entries, when given and ``dtype`` is float32)."""
         ...

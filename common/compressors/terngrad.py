@@ -43,8 +43,9 @@ Agreeing on that scaler (one small max all-reduce of :meth:`TernGrad.scaler` bef
 the transport's job (GradientSync), which then passes ``scaler=`` to :meth:`TernGrad.compress`. Without
 it each rank uses its own scaler and the payloads are all-gathered (``linear = False``).
 
-Sampling and packing are fused in ``kernels.ternarize`` (Triton on CUDA, the pure-torch reference
-elsewhere); decoding uses ``kernels.ternary_decode_accumulate`` and ``kernels.unpack_bits``.
+Sampling and packing are fused in ``kernels.ternarize`` (Triton on CUDA, compiled C on CPU);
+decoding uses ``kernels.ternary_decode_accumulate``, and the integer route ``kernels.ternary_values``
+and ``kernels.scale_values`` (compiled on CPU, the pure-torch reference elsewhere).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from kernels import ternarize, ternary_decode_accumulate, unpack_bits
+from kernels import scale_values, ternarize, ternary_decode_accumulate, ternary_values
 from kernels._dispatch import rand
 
 from .base import (
@@ -273,18 +274,26 @@ class TernGrad(Compressor):
 
     def codes(self, payload: Payload) -> Tensor:
         """The flat int8 ternary values {-1, 0, 1} (numel entries) decoded from the wire."""
-        codes_N = unpack_bits(payload.wire["codes"], 2, payload.numel)
         # 0 -> 0, 1 -> +1, 2 -> -1 (and the unused 3 -> 0, as in the kernels' decoder)
-        return (codes_N & 1).to(torch.int8) - (codes_N >> 1).to(torch.int8)
+        return ternary_values(payload.wire["codes"], payload.numel)
 
     def decode_sum(
-        self, code_sum: Tensor, scaler: Tensor | float, shape: Sequence[int], dtype: torch.dtype
+        self,
+        code_sum: Tensor,
+        scaler: Tensor | float,
+        shape: Sequence[int],
+        dtype: torch.dtype,
+        out: Tensor | None = None,
     ) -> Tensor:
-        """``scaler * code_sum`` reshaped to ``shape``, in ``dtype``.
+        """``scaler * code_sum`` reshaped to ``shape``, in ``dtype`` (into ``out`` when given: a
+        contiguous fp32 tensor of as many entries, e.g. the bucket GradientSync reduces).
 
         ``code_sum`` is the elementwise sum (int8 / int32) of the :meth:`codes` of several ranks that
         all compressed with the same shared ``scaler``: with shared scalers, decoding the sum equals
         the sum of the decodes (up to fp32 rounding of the sum).
         """
-        s = torch.as_tensor(scaler, dtype=torch.float32).to(code_sum.device).reshape(())
-        return (code_sum.to(torch.float32) * s).reshape(tuple(shape)).to(dtype)
+        if out is not None and dtype == torch.float32:
+            scale_values(code_sum, scaler, out=out)  # no fresh tensor (a first touch costs a pass)
+            return out.view(tuple(shape))
+        decoded = scale_values(code_sum, scaler)  # one compiled pass on CPU for int8 / int16 sums
+        return decoded.reshape(tuple(shape)).to(dtype)

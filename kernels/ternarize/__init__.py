@@ -36,7 +36,7 @@ from kernels._dispatch import (
 from kernels.pack_bits.reference import num_packed_bytes
 from kernels.ternarize import reference
 
-__all__ = ["ternarize", "ternary_decode_accumulate"]
+__all__ = ["scale_values", "ternarize", "ternary_decode_accumulate", "ternary_values"]
 
 
 def _scalers_per_bucket(
@@ -174,4 +174,54 @@ def ternary_decode_accumulate(
         decoded = triton_impl.ternary_decode_accumulate(packed_W_M, scalers_W_B, numel, size)
     else:
         decoded = reference.ternary_decode_accumulate(packed_W_M, scalers_W_B, numel, size)
+    return decoded if out is None else out.copy_(decoded.view(out.shape))
+
+
+def _check_plain_backend(backend: str) -> None:
+    if backend not in ("auto", "reference", "native"):
+        raise ValueError(
+            f"backend must be 'auto', 'reference' or 'native' (no Triton kernel), got {backend!r}"
+        )
+
+
+def ternary_values(packed: torch.Tensor, numel: int, *, backend: NativeBackend = "auto") -> torch.Tensor:
+    """int8 values ``[numel]`` {-1, 0, +1} of one payload's packed codes (1-D, ``ceil(numel / 4)``
+    bytes; the unused code 3 as 0): what TernGrad's integer all-reduce sums. On CPU ``"auto"``
+    takes one compiled pass (``kernels._native``) for the reference's unpack and subtraction."""
+    _check_plain_backend(backend)
+    check_numel(numel, "output")
+    if packed.dtype != torch.uint8 or packed.dim() != 1 or packed.numel() != num_packed_bytes(numel, 2):
+        raise ValueError(
+            f"{numel} ternary codes need uint8 [{num_packed_bytes(numel, 2)}], "
+            f"got {packed.dtype} {tuple(packed.shape)}"
+        )
+    if use_native(backend, packed.device):
+        out = torch.empty(numel, dtype=torch.int8)
+        return _native.ternary_values(packed.contiguous(), numel, out)
+    return reference.ternary_values(packed, numel)
+
+
+def scale_values(
+    values: torch.Tensor,
+    scaler: torch.Tensor | float,
+    *,
+    backend: NativeBackend = "auto",
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """fp32 ``values * scaler`` in ``values``' shape: a sum of :func:`ternary_values` over ranks that
+    shared ``scaler`` (int8 or int16 on the compiled path, ``"auto"`` on CPU; any integer dtype
+    with the reference), the cast then the product as torch rounds them. ``out``: a contiguous
+    fp32 tensor of as many entries on values' device, written and returned."""
+    _check_plain_backend(backend)
+    if values.dtype.is_floating_point or values.dtype == torch.bool:
+        raise ValueError(f"values must be an integer tensor (a code sum), got {values.dtype}")
+    if out is not None:
+        check_out(out, values.numel(), values.device)
+    s = torch.as_tensor(scaler, dtype=torch.float32).to(values.device).reshape(())
+    if values.dtype in (torch.int8, torch.int16) and use_native(backend, values.device):
+        into = torch.empty(values.shape, dtype=torch.float32) if out is None else out
+        return _native.scale_values(values.contiguous(), float(s), into)
+    if backend == "native":
+        raise ValueError(f"backend='native' takes int8 or int16 values, got {values.dtype}")
+    decoded = reference.scale_values(values, s)
     return decoded if out is None else out.copy_(decoded.view(out.shape))

@@ -112,3 +112,14 @@ def ternary_decode_accumulate(
     # values are in {-1, 0, 1}: s * value is exact, so the product adds no rounding.
     mul_by_bucket(values_W_N, scalers_W_B, bucket_size, out=values_W_N)
     return sum_in_worker_order(values_W_N)
+
+
+def ternary_values(packed_M: torch.Tensor, numel: int) -> torch.Tensor:
+    """int8 values ``[numel]`` {-1, 0, +1} of packed codes (the unused code 3 as 0, as the decoder)."""
+    codes_N = pack_ref.unpack_bits(packed_M, 2, numel)
+    return (codes_N & 1).to(torch.int8) - (codes_N >> 1).to(torch.int8)
+
+
+def scale_values(values_N: torch.Tensor, scaler: torch.Tensor) -> torch.Tensor:
+    """fp32 ``values * scaler`` (integer values, a 0-dim fp32 scaler): a code sum decoded."""
+    return values_N.to(torch.float32) * scaler

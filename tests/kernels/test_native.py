@@ -28,7 +28,7 @@ from kernels.pack_bits import reference as pack_ref
 from kernels.qsgd_quantize import qsgd_dequantize_accumulate, qsgd_quantize
 from kernels.qsgd_quantize import reference as qsgd_ref
 from kernels.ternarize import reference as ternarize_ref
-from kernels.ternarize import ternarize, ternary_decode_accumulate
+from kernels.ternarize import scale_values, ternarize, ternary_decode_accumulate, ternary_values
 from kernels.threshold_select import threshold_select
 from kernels.threshold_select.reference import threshold_select as threshold_select_ref
 from tests.kernels.helpers import assert_unbiased, global_rng_untouched
@@ -446,3 +446,38 @@ def test_ef_update_dispatch_with_masking(gen) -> None:
     assert float(u[17]) == 0.0 and float(v[4999]) == 0.0
     with pytest.raises(ValueError, match="one size"):
         _native.ef_update(u, v, g[:10].contiguous(), 0.9)
+
+
+@pytest.mark.parametrize("numel", [0, *SIZES])
+def test_ternary_values_and_scale_values_bit_exact(numel: int, gen) -> None:
+    """TernGrad's integer route compiled: a payload's int8 values (random bytes, the unused code 3
+    included) and a code sum's decode (int8 and int16, a zero, a NaN and an ordinary scaler)
+    equal the reference's, with and without ``out``."""
+    packed = torch.randint(0, 256, (math.ceil(numel / 4),), generator=gen, dtype=torch.uint8)
+    expected = ternarize_ref.ternary_values(packed, numel)
+    assert expected.dtype == torch.int8
+    assert torch.equal(ternary_values(packed, numel), expected)
+    assert torch.equal(ternary_values(packed, numel, backend="native"), expected)
+    for dtype in (torch.int8, torch.int16):
+        code_sum = (expected.to(dtype) * 3 - 1).reshape(-1, 1) if numel else expected.to(dtype)
+        for scaler in (0.37, 0.0, float("nan")):
+            want = ternarize_ref.scale_values(code_sum, torch.tensor(scaler))
+            got = scale_values(code_sum, scaler)
+            assert got.shape == code_sum.shape and got.dtype == torch.float32
+            assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (dtype, scaler)
+            out = torch.full((numel,), 5.0)
+            assert scale_values(code_sum, torch.tensor(scaler), out=out) is out
+            assert torch.equal(out.view(torch.int32), want.reshape(-1).view(torch.int32))
+
+
+def test_ternary_values_and_scale_values_refuse_bad_input() -> None:
+    with pytest.raises(ValueError, match=r"10 ternary codes need uint8 \[3\], got torch.uint8 \(2,\)"):
+        ternary_values(torch.zeros(2, dtype=torch.uint8), 10)
+    with pytest.raises(ValueError, match="backend must be 'auto', 'reference' or 'native'.*'triton'"):
+        ternary_values(torch.zeros(3, dtype=torch.uint8), 10, backend="triton")
+    with pytest.raises(ValueError, match="values must be an integer tensor.*torch.float32"):
+        scale_values(torch.zeros(3), 1.0)
+    with pytest.raises(ValueError, match="backend='native' takes int8 or int16 values, got torch.int32"):
+        scale_values(torch.zeros(3, dtype=torch.int32), 1.0, backend="native")
+    with pytest.raises(ValueError, match="out must be a contiguous float32 tensor of 3 entries"):
+        scale_values(torch.zeros(3, dtype=torch.int8), 1.0, out=torch.empty(4))
