@@ -47,12 +47,29 @@ class ErrorFeedback:
     def compensate(self, keys: Sequence[str], flat: Tensor, sizes: Sequence[int]) -> Tensor:
         """``flat + residuals`` where ``flat`` is the concatenation of the tensors named ``keys``."""
         parts = flat.split(list(sizes))
-        return torch.cat([p + self.residual(k, p) for k, p in zip(keys, parts, strict=True)])
+        summed = [p + self.residual(k, p) for k, p in zip(keys, parts, strict=True)]
+        return summed[0] if len(summed) == 1 else torch.cat(summed)  # each sum is a fresh tensor
 
     def update(self, keys: Sequence[str], compensated: Tensor, sent: Tensor, sizes: Sequence[int]) -> None:
         """Store ``compensated - sent`` split back into the named tensors' residuals."""
         new = (compensated - sent.reshape(-1)).split(list(sizes))
         for key, part in zip(keys, new, strict=True):
+            self.residuals[key] = part
+
+    def update_sparse(
+        self, keys: Sequence[str], compensated: Tensor, indices: Tensor, values: Tensor, sizes: Sequence[int]
+    ) -> None:
+        """:meth:`update` for a ``sent`` that is zero but ``values`` at the flat ``indices`` (no
+        repeats; a sparsifier's payload, ``Compressor.sparse_sent``): the same residuals bit for bit,
+        without a dense ``sent``. ``compensated`` (flat, contiguous, the values' dtype) becomes the
+        residuals' storage: the caller hands it over and does not read it afterwards.
+
+        Bit for bit: off the indices ``c - 0`` is ``c``; at them the dense decompression holds
+        ``0 + v`` (a scatter-add into zeros: ``-0`` becomes ``+0``), so ``c - (0 + v)`` is stored.
+        """
+        position = indices.long()
+        compensated.index_put_((position,), compensated.index_select(0, position) - (values + 0.0))
+        for key, part in zip(keys, compensated.split(list(sizes)), strict=True):
             self.residuals[key] = part
 
     def clear(self, keys: Sequence[str]) -> None:
@@ -179,6 +196,21 @@ class MomentumCorrection(ErrorFeedback):
             return
         for key, sent_part in zip(keys, sent.reshape(-1).split(list(sizes)), strict=True):
             self.momentums[key].masked_fill_(sent_part != 0, 0.0)
+
+    def update_sparse(
+        self, keys: Sequence[str], compensated: Tensor, indices: Tensor, values: Tensor, sizes: Sequence[int]
+    ) -> None:
+        """:meth:`update` for a sparse ``sent`` (see ``ErrorFeedback.update_sparse``); with masking,
+        ``u = 0`` at the indices whose sent value ``0 + v`` is not 0 (as ``sent != 0``: NaN too)."""
+        super().update_sparse(keys, compensated, indices, values, sizes)
+        if not self.masking:
+            return
+        sent_nonzero = indices.long()[(values + 0.0) != 0]
+        start = 0
+        for key, size in zip(keys, sizes, strict=True):
+            inside = sent_nonzero[(sent_nonzero >= start) & (sent_nonzero < start + size)] - start
+            self.momentums[key].view(-1).index_fill_(0, inside, 0.0)
+            start += size
 
     def state_dict(self) -> dict[str, dict[str, Tensor]]:
         state = super().state_dict()

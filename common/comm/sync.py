@@ -48,6 +48,8 @@ class _Step:
     compensated: Tensor
     payload: Payload
     sent: Tensor | None
+    #: A sparsifier's ``(indices, values)`` in place of a dense ``sent`` (``ErrorFeedback.update_sparse``).
+    sparse: tuple[Tensor, Tensor] | None = None
 
 
 @dataclass
@@ -393,8 +395,11 @@ class GradientSync:
         with self.stats.phase("compress", flat.device):
             compensated = ef.compensate(names, flat, sizes) if ef is not None else flat
             payload = self.compressor.compress(compensated, self.unit_rng(names, flat.device))
-            # What this rank contributes, decoded locally; the residual is what it leaves out.
-            sent = self.compressor.decompress(payload) if ef is not None else None
+            # What this rank contributes, decoded locally; the residual is what it leaves out. A
+            # sparsifier's is its (indices, values): the residual update then needs no dense
+            # decompression (a bucket-sized fresh tensor: 30-35 ms at 11.2M entries, one core).
+            sparse = self._sparse_sent(payload, flat, compensated) if ef is not None else None
+            sent = self.compressor.decompress(payload) if ef is not None and sparse is None else None
             if sent is not None and self.use_allreduce:
                 # The all-reduce sums in place: wire tensors that alias what the residual update
                 # still reads (identity's wire *is* the compensated gradient) are copied first.
@@ -405,7 +410,26 @@ class GradientSync:
                         for k, v in payload.wire.items()
                     }
                 )
-        return _Step(names, sizes, flat, compensated, payload, sent)
+        return _Step(names, sizes, flat, compensated, payload, sent, sparse)
+
+    def _sparse_sent(
+        self, payload: Payload, flat: Tensor, compensated: Tensor
+    ) -> tuple[Tensor, Tensor] | None:
+        """The payload's sparse ``sent`` where the residual update can take it (the all-gather route,
+        a flat compensated tensor of its own, in the values' dtype); None: decompress densely."""
+        sparse = self.compressor.sparse_sent(payload)
+        if sparse is None or self.use_allreduce:
+            return None
+        indices, values = sparse
+        if (
+            compensated.dim() != 1
+            or not compensated.is_contiguous()
+            or compensated.dtype != values.dtype
+            or compensated.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr()
+            or indices.dtype not in (torch.int32, torch.int64)
+        ):
+            return None
+        return sparse
 
     def _finish(self, step: _Step, gathered: list[Payload] | None) -> Tensor:
         """Decompress (the sum, or every rank's payload), divide by the world size, update the
@@ -424,7 +448,10 @@ class GradientSync:
             # all-reduce). Saves a bucket-sized allocation and pass (~25% of a 2 MiB bucket's sync
             # time, measured).
             mean = total.reshape(-1).to(step.flat.dtype).div_(world)
-            if self.error_feedback is not None:
+            if self.error_feedback is not None and step.sparse is not None:
+                indices, values = step.sparse
+                self.error_feedback.update_sparse(step.names, step.compensated, indices, values, step.sizes)
+            elif self.error_feedback is not None:
                 assert step.sent is not None
                 self.error_feedback.update(step.names, step.compensated, step.sent, step.sizes)
         if world > 1:

@@ -199,6 +199,12 @@ class Compressor(ABC):
             out.copy_(decoded.reshape(out.shape))
         return out
 
+    def sparse_sent(self, payload: Payload) -> tuple[Tensor, Tensor] | None:
+        """``(indices, values)`` where :meth:`decompress` is zero but ``values`` at the flat
+        ``indices`` (no repeats), so that error feedback can update its residual without the dense
+        decompression (:meth:`ErrorFeedback.update_sparse`); None for a dense payload."""
+        return None
+
     def aggregate(self, payloads: Sequence[Payload]) -> Tensor:
         """Sum of the decompressed payloads of several ranks (all-gather transport)."""
         total = self.decompress(payloads[0]).clone()
@@ -229,6 +235,9 @@ class SparseCompressor(Compressor):
 
     def decompress(self, payload: Payload) -> Tensor:
         return self.aggregate([payload])
+
+    def sparse_sent(self, payload: Payload) -> tuple[Tensor, Tensor]:
+        return payload.wire["indices"], payload.wire["values"]
 
     def decompress_into(self, payload: Payload, out: Tensor) -> Tensor:
         """Zero ``out`` and scatter the values in (a reused buffer: no allocation)."""

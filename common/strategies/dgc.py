@@ -54,6 +54,9 @@ class _CountingSparsifier(Compressor):
     def decompress_into(self, payload: Payload, out: Tensor) -> Tensor:
         return self.inner.decompress_into(payload, out)
 
+    def sparse_sent(self, payload: Payload) -> tuple[Tensor, Tensor] | None:
+        return self.inner.sparse_sent(payload)
+
     def aggregate(self, payloads: Sequence[Payload]) -> Tensor:
         return self.inner.aggregate(payloads)
 

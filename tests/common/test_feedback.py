@@ -48,3 +48,44 @@ def test_state_dict_round_trip_and_shape_check():
     assert torch.equal(clone.residuals["w"], torch.ones(4))
     with pytest.raises(ValueError, match="residual 'w' has 4 entries but the tensor has 5"):
         clone.compensate(["w"], torch.zeros(5), [5])
+
+
+@pytest.mark.parametrize("masking", [None, False, True])
+def test_update_sparse_equals_update_with_the_dense_sent(masking):
+    """A sparsifier's residual update without the dense ``sent`` (``update_sparse``) stores the
+    same residuals (and, with DGC's masking, the same momentums) bit for bit as ``update`` with the
+    decompressed payload: signed zeros (a selected -0 is sent as 0 + -0 = +0), a selected value of 0
+    (not masked), NaN and infinities, indices spread over two tensors of one unit."""
+    from common.compressors import build_compressor
+    from common.compressors.base import CompressorRNG
+    from common.feedback import MomentumCorrection
+
+    sizes, keys = [300, 200], ["a", "b"]
+    grad = torch.randn(500, generator=torch.Generator().manual_seed(0))
+    grad[[3, 7, 310, 420]] = torch.tensor([-0.0, 0.0, float("nan"), float("inf")])
+    comp = build_compressor("topk", density=0.05)
+
+    def make():
+        return ErrorFeedback() if masking is None else MomentumCorrection(momentum=0.9, masking=masking)
+
+    dense, sparse = make(), make()
+    for step in range(3):
+        g = grad * (step + 1)
+        c_dense, c_sparse = dense.compensate(keys, g, sizes), sparse.compensate(keys, g, sizes)
+        assert torch.equal(c_dense.view(torch.int32), c_sparse.view(torch.int32))
+        payload = comp.compress(c_dense, CompressorRNG(seed=1, rank=0))
+        indices, values = comp.sparse_sent(payload)
+        values = values.clone()
+        values[:3] = torch.tensor([-0.0, 0.0, float("nan")])  # as if selected: the extremes
+        c_dense[indices[0]] = c_sparse[indices[0]] = -0.0  # -0 - (0 + -0) is -0; -0 - -0 would be +0
+        payload = payload.with_wire({"indices": indices, "values": values})
+        dense.update(keys, c_dense, comp.decompress(payload), sizes)
+        sparse.update_sparse(keys, c_sparse, indices, values, sizes)
+        for key in keys:
+            assert torch.equal(
+                dense.residuals[key].view(torch.int32), sparse.residuals[key].view(torch.int32)
+            )
+            if masking is not None:
+                assert torch.equal(
+                    dense.momentums[key].view(torch.int32), sparse.momentums[key].view(torch.int32)
+                )
