@@ -419,10 +419,12 @@ def scale_values(values: torch.Tensor, scaler: float, out: torch.Tensor) -> torc
 
 
 def scatter_fast(values: torch.Tensor, indices: torch.Tensor, out: torch.Tensor) -> bool:
-    """:func:`scatter` in its common case, checked in a few attribute reads (at 10^5 entries a
-    checked call's Python took as long as the loop): contiguous CPU tensors, fp32 ``values`` and
-    ``out``, int32 ``indices``, one index a value. False, with nothing written, where anything
-    differs or the kernels did not build (the caller then takes its checked path)."""
+    """``out`` (read flat) at ``indices`` set to ``values`` in one compiled loop (the reference's
+    ``index_copy_`` without its int64 copy of the indices; IndexError, nothing written, for an
+    index outside ``out``), where the arguments are its case, checked in a few attribute reads (at
+    10^5 entries a checked call's Python took as long as the loop): contiguous CPU tensors, fp32
+    ``values`` and ``out``, int32 ``indices``, one index a value. False, with nothing written,
+    where anything differs or the kernels did not build (the caller then takes its checked path)."""
     lib = _load()
     if (
         isinstance(lib, str)
@@ -441,22 +443,6 @@ def scatter_fast(values: torch.Tensor, indices: torch.Tensor, out: torch.Tensor)
             f"index {int(indices[bad])} (position {bad}) is out of bounds for {out.numel()} entries"
         )
     return True
-
-
-def scatter(values_K: torch.Tensor, indices_K: torch.Tensor, out: torch.Tensor) -> None:
-    """``out`` (read flat) at ``indices_K`` (int32) set to ``values_K`` (fp32), in place: the
-    reference's ``index_copy_``; IndexError (nothing written) for an index outside ``out``."""
-    _check_cpu(torch.float32, values=values_K, out=out)
-    _check_cpu(torch.int32, indices=indices_K)
-    if values_K.numel() != indices_K.numel():
-        raise ValueError(f"{values_K.numel()} values for {indices_K.numel()} indices")
-    bad = _lib().tw_scatter(
-        values_K.data_ptr(), indices_K.data_ptr(), indices_K.numel(), out.numel(), out.data_ptr()
-    )
-    if bad >= 0:
-        raise IndexError(
-            f"index {int(indices_K[bad])} (position {bad}) is out of bounds for {out.numel()} entries"
-        )
 
 
 def threshold_select(
