@@ -201,8 +201,9 @@ __attribute__((constructor)) static void tw_fill_tables(void) {
 /* TernGrad's first payload with one scaler for its whole row (a scaler per tensor, the default):
  * each byte's four values as floats from a 256 x 4 table, times the scaler, 0 + d as the other
  * loops' first worker. On one core of the AMX Xeon 0.82-0.85 of the table-and-scale loop's time at
- * 10^5 and 10^7 entries and 0.67-0.81 at 10^6 (/tmp/s17/proto3.c, throw-away; the same bits); for
- * the later workers' out + d it was 1.04-1.33, so they keep that loop. */
+ * 10^5 and 10^7 entries and 0.67-0.81 at 10^6 with warm caches, 0.92-1.0 with the caches flushed
+ * between calls (/tmp/s17/proto3.c, ab.py, throw-away; the same bits); for the later workers'
+ * out + d it was 1.04-1.33, so they keep that loop. */
 static inline void tw_decode_first_row(const uint8_t *restrict row, int64_t n, const float unit,
                                        float *restrict out) {
     const int64_t whole = n / 4;

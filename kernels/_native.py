@@ -255,36 +255,28 @@ def _decode(
     packed: torch.Tensor,
     units: torch.Tensor,
     numel: int,
-    workers: int,
-    num_units: int,
     bucket_size: int,
     *extra: int,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
-    """Run decoder ``kernel`` on W payloads (``packed``: W rows of bytes, read flat) with
-    ``num_units`` per-bucket values a payload (``units``, read flat): fp32 ``[numel]``, written into
-    ``out`` (``numel`` entries; a fresh tensor when None), or None where the kernel reports a
-    failure (a nonzero return). The caller has checked the sizes."""
+    """Run decoder ``kernel`` on the W payloads ``packed [W, bytes]`` (1-D: one) with per-bucket
+    values ``units`` (read flat, W rows): fp32 ``[numel]``, written into ``out`` (``numel``
+    entries; a fresh tensor when None), or None where the kernel reports a failure (a nonzero
+    return). ValueError for arguments that are not a decoder's."""
     _check_cpu(torch.uint8, packed=packed)
     _check_cpu(torch.float32, units=units)
-    if out is None:
-        out = torch.empty(numel, dtype=torch.float32)
-    else:
+    if out is not None:
         _check_cpu(torch.float32, out=out)
-        if out.numel() != numel:
-            raise ValueError(f"out must have {numel} entries, got {out.numel()}")
-    failed = getattr(_lib(), kernel)(
-        packed.data_ptr(),
-        workers,
-        packed.numel() // workers if workers else 0,
-        numel,
-        units.data_ptr(),
-        num_units,
-        bucket_size,
-        *extra,
-        out.data_ptr(),
-    )
-    return None if failed else out
+    workers = packed.shape[0] if packed.dim() == 2 else 1
+    per_row = units.numel() // max(workers, 1)
+    if packed.dim() not in (1, 2) or workers < 1 or units.numel() != workers * per_row:
+        raise ValueError(
+            f"packed must be [W >= 1, bytes] or [bytes] with W rows of units, got {tuple(packed.shape)} "
+            f"and {units.numel()} units"
+        )
+    if out is not None and out.numel() != numel:
+        raise ValueError(f"out must have {numel} entries, got {out.numel()}")
+    return decode_fast(kernel, packed, units, numel, packed.shape[-1], per_row, bucket_size, *extra, out=out)
 
 
 def decode_fast(
@@ -301,9 +293,9 @@ def decode_fast(
     """Decoder ``kernel`` in its common case, checked in a few attribute reads: contiguous CPU
     ``packed`` (uint8, 1-D or W >= 1 rows of ``row_bytes``), fp32 ``units`` (``units_per_row`` a
     row), ``out`` None or a contiguous fp32 CPU tensor of ``numel`` entries. Returns the decode, or
-    None where anything differs or the kernels did not build: the caller then takes its checked
-    path, which names what is wrong. (At 10^5 entries a decode's C loop takes ~30 us on one core
-    and the checked path's Python ~15 us of calls and views: this path, ~3 us.)"""
+    None where anything differs, the kernels did not build or the kernel failed: the caller then
+    takes its checked path, which names what is wrong. (At 10^5 entries a decode's C loop takes
+    ~30 us on one core and the checked path's Python ~15 us of calls and views: this path, ~3 us.)"""
     lib = _load()
     dim = packed.dim()
     workers = packed.shape[0] if dim == 2 else 1
@@ -349,18 +341,7 @@ def qsgd_decode(
     (worker order, one product and one sum per payload) of the W payloads ``packed [W, bytes]`` (1-D:
     one) with per-bucket fp32 ``norms`` (read flat, W rows), the level units ``n_b / s`` computed in
     the loop as the reference divides, bit for bit, in one pass."""
-    workers = packed.shape[0] if packed.dim() == 2 else 1
-    decoded = _decode(
-        "tw_qsgd_decode",
-        packed,
-        norms,
-        numel,
-        workers,
-        norms.numel() // max(workers, 1),
-        bucket_size,
-        bits,
-        out=out,
-    )
+    decoded = _decode("tw_qsgd_decode", packed, norms, numel, bucket_size, bits, out=out)
     if decoded is None:
         raise MemoryError(f"tw_qsgd_decode could not allocate {norms.numel()} level units")
     return decoded
@@ -377,17 +358,7 @@ def ternary_decode(
     """fp32 ``[numel]`` (into ``out`` when given): the reference's ``ternary_decode_accumulate`` of
     the W payloads ``packed [W, bytes]`` (1-D: one), ``scalers`` per bucket (read flat, W rows), bit
     for bit, in one pass."""
-    workers = packed.shape[0] if packed.dim() == 2 else 1
-    decoded = _decode(
-        "tw_ternary_decode",
-        packed,
-        scalers,
-        numel,
-        workers,
-        scalers.numel() // max(workers, 1),
-        bucket_size,
-        out=out,
-    )
+    decoded = _decode("tw_ternary_decode", packed, scalers, numel, bucket_size, out=out)
     assert decoded is not None  # the ternary decoder has no failure to report
     return decoded
 

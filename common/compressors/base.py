@@ -226,6 +226,41 @@ class Compressor(ABC):
         return f"{type(self).__name__}({fields})"
 
 
+class DenseDecoder(Compressor):
+    """A compressor whose payloads decode to fp32 with a kernel that can write a given tensor
+    (QSGD, TernGrad): subclasses give ``_decode(payload, out)`` and ``_decode_all(payloads, out)``
+    (``out`` None: a fresh flat fp32 tensor). ``decompress_into`` / ``aggregate_into`` then decode
+    straight into ``out`` (no fresh tensor, no copy) where :func:`decodes_straight_into` allows,
+    else take the default route (the same values)."""
+
+    @abstractmethod
+    def _decode(self, payload: Payload, out: Tensor | None = None) -> Tensor: ...
+
+    @abstractmethod
+    def _decode_all(self, payloads: Sequence[Payload], out: Tensor | None = None) -> Tensor: ...
+
+    def decompress(self, payload: Payload) -> Tensor:
+        return shaped(self._decode(payload), payload)
+
+    def decompress_into(self, payload: Payload, out: Tensor) -> Tensor:
+        check_out(payload, out)
+        if not decodes_straight_into(out, [payload]):
+            return super().decompress_into(payload, out)
+        self._decode(payload, out)
+        return out
+
+    def aggregate(self, payloads: Sequence[Payload]) -> Tensor:
+        """The payloads decoded in one pass, accumulated in fp32 in rank order."""
+        return shaped(self._decode_all(payloads), payloads[0])
+
+    def aggregate_into(self, payloads: Sequence[Payload], out: Tensor) -> Tensor:
+        check_out(payloads[0], out)
+        if not decodes_straight_into(out, payloads):
+            return super().aggregate_into(payloads, out)
+        self._decode_all(payloads, out)
+        return out
+
+
 class SparseCompressor(Compressor):
     """A compressor whose payload is ``{"values", "indices"}`` (flat positions, no repeats within
     one payload): top-k, DGC. Decoding scatters into zeros; into a reused buffer with

@@ -42,15 +42,7 @@ from kernels._buckets import NORMS, Norm
 from kernels._dispatch import rand
 from kernels.qsgd_quantize import ALLOWED_BITS, num_levels
 
-from .base import (
-    Compressor,
-    CompressorRNG,
-    Payload,
-    check_fused_rng,
-    check_out,
-    decodes_straight_into,
-    shaped,
-)
+from .base import CompressorRNG, DenseDecoder, Payload, check_fused_rng
 
 ENCODINGS = ("fixed", "elias")
 #: Elias omega values handled here are < 2**31 (gaps are at most N <= 2**31 - 2**16, levels <= 127):
@@ -288,7 +280,7 @@ def elias_omega_decode(stream: Tensor, nbits: int | None = None) -> Tensor:
 
 
 # ------------------------------------------------------------------------------------- compressor
-class QSGD(Compressor):
+class QSGD(DenseDecoder):
     """QSGD (Alistarh et al. 2017, Lemma 3.1 and Section 3.2): ``bits``-bit stochastic quantization.
 
     ``bits`` in {2, 4, 8}: one sign bit and ``bits - 1`` level bits, s = 2**(bits-1) - 1 levels
@@ -425,19 +417,8 @@ class QSGD(Compressor):
         stream = payload.wire["stream"]
         return pack_bits(self.elias_decode(stream, payload.numel).to(stream.device), self.bits)
 
-    def decompress(self, payload: Payload) -> Tensor:
-        """``Q(v)`` in the payload's shape and dtype."""
-        return shaped(self._decode(payload), payload)
-
-    def decompress_into(self, payload: Payload, out: Tensor) -> Tensor:
-        """``Q(v)`` decoded straight into ``out`` (fp32: no fresh tensor, no copy)."""
-        check_out(payload, out)
-        if not decodes_straight_into(out, [payload]):
-            return super().decompress_into(payload, out)
-        self._decode(payload, out)
-        return out
-
     def _decode(self, payload: Payload, out: Tensor | None = None) -> Tensor:
+        """``Q(v)``, flat fp32 (``DenseDecoder`` gives ``decompress`` and the rest from it)."""
         return qsgd_dequantize(
             self.packed_codes(payload),
             payload.wire["norms"],
@@ -446,18 +427,6 @@ class QSGD(Compressor):
             bucket_size=self.bucket_size,
             out=out,
         )
-
-    def aggregate(self, payloads: Sequence[Payload]) -> Tensor:
-        """``sum_w Q(v_w)``: all payloads decoded in one pass, accumulated in fp32 in rank order."""
-        return shaped(self._decode_all(payloads), payloads[0])
-
-    def aggregate_into(self, payloads: Sequence[Payload], out: Tensor) -> Tensor:
-        """:meth:`aggregate` decoded straight into ``out`` (fp32: no fresh tensor, no copy)."""
-        check_out(payloads[0], out)
-        if not decodes_straight_into(out, payloads):
-            return super().aggregate_into(payloads, out)
-        self._decode_all(payloads, out)
-        return out
 
     def _decode_all(self, payloads: Sequence[Payload], out: Tensor | None = None) -> Tensor:
         packed_W_M = torch.stack([self.packed_codes(p) for p in payloads])

@@ -59,16 +59,7 @@ from torch import Tensor
 from kernels import scale_values, ternarize, ternary_decode_accumulate, ternary_values
 from kernels._dispatch import rand
 
-from .base import (
-    Compressor,
-    CompressorRNG,
-    Needs,
-    Payload,
-    check_fused_rng,
-    check_out,
-    decodes_straight_into,
-    shaped,
-)
+from .base import CompressorRNG, DenseDecoder, Needs, Payload, check_fused_rng
 
 CODE_TRANSPORTS = ("auto", "allgather", "allreduce")
 CLIP_RULES = ("shared", "own")
@@ -88,7 +79,7 @@ def check_clip(clip: float | None) -> float | None:
     return float(clip)
 
 
-class TernGrad(Compressor):
+class TernGrad(DenseDecoder):
     """TernGrad (Wen et al. 2017): 2-bit stochastic ternary codes and one fp32 scaler per tensor.
 
     ``clip``: c in the paper's clipping at c * sigma (default 2.5); ``None`` disables clipping.
@@ -238,34 +229,11 @@ class TernGrad(Compressor):
         )
 
     # ----------------------------------------------------------------------------------- decoder
-    def decompress(self, payload: Payload) -> Tensor:
-        """``s * t`` in the payload's shape and dtype."""
-        return shaped(self._decode(payload), payload)
-
-    def decompress_into(self, payload: Payload, out: Tensor) -> Tensor:
-        """``s * t`` decoded straight into ``out`` (fp32: no fresh tensor, no copy)."""
-        check_out(payload, out)
-        if not decodes_straight_into(out, [payload]):
-            return super().decompress_into(payload, out)
-        self._decode(payload, out)
-        return out
-
     def _decode(self, payload: Payload, out: Tensor | None = None) -> Tensor:
+        """``s * t``, flat fp32 (``DenseDecoder`` gives ``decompress`` and the rest from it)."""
         return ternary_decode_accumulate(
             payload.wire["codes"], payload.wire["scaler"], payload.numel, out=out
         )
-
-    def aggregate(self, payloads: Sequence[Payload]) -> Tensor:
-        """``sum_w s_w * t_w``: all payloads decoded in one pass, accumulated in fp32 in rank order."""
-        return shaped(self._decode_all(payloads), payloads[0])
-
-    def aggregate_into(self, payloads: Sequence[Payload], out: Tensor) -> Tensor:
-        """:meth:`aggregate` decoded straight into ``out`` (fp32: no fresh tensor, no copy)."""
-        check_out(payloads[0], out)
-        if not decodes_straight_into(out, payloads):
-            return super().aggregate_into(payloads, out)
-        self._decode_all(payloads, out)
-        return out
 
     def _decode_all(self, payloads: Sequence[Payload], out: Tensor | None = None) -> Tensor:
         packed_W_M = torch.stack([p.wire["codes"] for p in payloads])
