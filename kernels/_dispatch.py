@@ -127,6 +127,16 @@ def check_same_device(**tensors: torch.Tensor) -> torch.device:
     return first
 
 
+def plain_sizes(numel: int, bucket_size: int | None) -> bool:
+    """Whether a decoder's sizes are plain ints in range (``bucket_size`` None: one bucket), so that
+    its fast path may compute byte and bucket counts from them; else its checked path names the error."""
+    return (
+        type(numel) is int
+        and 0 <= numel <= MAX_NUMEL
+        and (bucket_size is None or (type(bucket_size) is int and bucket_size > 0))
+    )
+
+
 def check_out(out: torch.Tensor, numel: int, device: torch.device) -> None:
     """A decoder's ``out``: a contiguous fp32 tensor of ``numel`` entries (any shape) on ``device``."""
     if out.dtype != torch.float32 or not out.is_contiguous() or out.numel() != numel or out.device != device:

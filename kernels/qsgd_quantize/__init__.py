@@ -21,13 +21,13 @@ import torch
 from kernels import _native
 from kernels._buckets import Norm, check_bucket_size, num_buckets
 from kernels._dispatch import (
-    MAX_NUMEL,
     NativeBackend,
     check_floating,
     check_numel,
     check_out,
     check_same_device,
     philox_seed,
+    plain_sizes,
     uniform_noise,
     use_native,
     use_native_given_noise,
@@ -102,10 +102,6 @@ def qsgd_quantize(
     return packed_M, norms_B
 
 
-def _sizes_ok(numel: int, bucket_size: int) -> bool:
-    return type(numel) is int and 0 <= numel <= MAX_NUMEL and type(bucket_size) is int and bucket_size > 0
-
-
 def qsgd_dequantize_accumulate(
     packed: torch.Tensor,
     norms: torch.Tensor,
@@ -122,7 +118,13 @@ def qsgd_dequantize_accumulate(
     ``out``: a contiguous fp32 tensor of ``numel`` entries (any shape) on packed's device, written
     and returned (no fresh tensor: GradientSync decodes into the gradient bucket).
     """
-    if backend == "auto" and type(bits) is int and bits in ALLOWED_BITS and _sizes_ok(numel, bucket_size):
+    if (
+        backend == "auto"
+        and type(bits) is int
+        and bits in ALLOWED_BITS
+        and bucket_size is not None
+        and plain_sizes(numel, bucket_size)
+    ):
         decoded = _native.decode_fast(
             "tw_qsgd_decode",
             packed,

@@ -21,13 +21,13 @@ import torch
 from kernels import _native
 from kernels._buckets import check_bucket_size, num_buckets
 from kernels._dispatch import (
-    MAX_NUMEL,
     NativeBackend,
     check_floating,
     check_numel,
     check_out,
     check_same_device,
     philox_seed,
+    plain_sizes,
     uniform_noise,
     use_native,
     use_native_given_noise,
@@ -129,12 +129,7 @@ def ternary_decode_accumulate(
     the compiled kernel, ``kernels._native``, where it builds). ``out``: a contiguous fp32 tensor of
     ``numel`` entries (any shape) on packed's device, written and returned.
     """
-    if (
-        backend == "auto"
-        and type(numel) is int
-        and 0 <= numel <= MAX_NUMEL
-        and (bucket_size is None or (type(bucket_size) is int and bucket_size > 0))
-    ):
+    if backend == "auto" and plain_sizes(numel, bucket_size):
         size = max(numel, 1) if bucket_size is None else bucket_size
         decoded = _native.decode_fast(
             "tw_ternary_decode",
