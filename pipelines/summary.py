@@ -2,50 +2,134 @@
 
     python -m pipelines.summary
 
-The claims table gathers the ``claims`` of every ``results/<pipeline>/report.json`` that has them
-(the reports judged by :mod:`common.verdict`): the claim, ours against its baseline with the 95 %
-interval of the difference, and the verdict. Then each ``report.md`` follows, its headings one
-level down.
+The claims table gathers every ``results/<pipeline>/report.json``'s ``claims`` (judged by
+:mod:`common.verdict` over seeds: ours against its baseline with the 95 % interval of the
+difference) and ``measured_claims`` (claims about time, density or memory measured once per
+configuration, each with its own verdict and why), each beside the paper's own figure (a claim's
+``paper``). It names the commits every run recorded (:func:`run_shas`). Then each ``report.md``
+follows, its headings one level down.
 """
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from common.fileio import atomic_write_text
-from pipelines.claims import claims_table
 from pipelines.common import RESULTS_DIR, quiet_environment
+
+VERDICTS = ("reproduced", "not reproduced", "inconclusive")
+
+
+def _cell(text: Any) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _number(value: float, metric: str) -> str:
+    return f"{value:.2f}" if metric == "accuracy" else f"{value:.4f}"
+
+
+def judged_row(pipeline: str, claim: dict[str, Any]) -> str:
+    """A claim judged over seeds: ours and the baseline's means, Δ with its 95 % interval."""
+    m = claim["metric"]
+    unit = " pts" if m == "accuracy" else " nats"
+    low, high = claim["low"], claim["high"]
+    interval = "none (1 seed)" if low is None or high is None else f"[{_number(low, m)}, {_number(high, m)}]"
+    ours = (
+        f"{_number(claim['method_mean'], m)} against {_number(claim['baseline_mean'], m)}: "
+        f"Δ {claim['difference']:+.{2 if m == 'accuracy' else 4}f}{unit}"
+    )
+    verdict = claim["verdict"] if claim["verdict"] == "inconclusive" else f"**{claim['verdict']}**"
+    cells = (
+        f"{pipeline}: {claim['claim']}",
+        claim.get("paper", "-"),
+        ours,
+        interval,
+        f"{claim['seeds'][0]} vs {claim['seeds'][1]}",
+        claim["bound"],
+        verdict,
+        claim["reason"],
+    )
+    return "| " + " | ".join(_cell(c) for c in cells) + " |"
+
+
+def measured_row(pipeline: str, claim: dict[str, Any]) -> str:
+    """A claim measured once per configuration: what we measured, the verdict and why."""
+    verdict = claim["verdict"] if claim["verdict"] == "inconclusive" else f"**{claim['verdict']}**"
+    cells = (
+        f"{pipeline}: {claim['claim']}",
+        claim["paper"],
+        claim["ours"],
+        "-",
+        "1 run",
+        "-",
+        verdict,
+        claim["reason"],
+    )
+    return "| " + " | ".join(_cell(c) for c in cells) + " |"
+
+
+def run_shas() -> dict[str, set[str]]:
+    """pipeline -> the commits its runs recorded: the ``git_sha`` of every ``run.json`` under
+    ``results/<pipeline>/`` and of sparse AxoNN's ``prune.json`` (the suite's ``recipe_pilot``, the
+    pilot that chose the recipes, is history, not a stage's output, and is left out)."""
+    found: dict[str, set[str]] = {}
+    files = [*RESULTS_DIR.rglob("run.json"), *RESULTS_DIR.glob("*/prune.json")]
+    for path in sorted(files):
+        parts = path.relative_to(RESULTS_DIR).parts
+        if "recipe_pilot" in parts:
+            continue
+        sha = json.loads(path.read_text()).get("git_sha")
+        if isinstance(sha, str):
+            found.setdefault(parts[0], set()).add(sha)
+    return found
 
 
 def claims_section() -> str:
-    rows, sources = [], []
+    lines, counts, sources = [], dict.fromkeys(VERDICTS, 0), []
     for path in sorted(RESULTS_DIR.glob("*/report.json")):
         report = json.loads(path.read_text())
-        claims = report.get("claims") or []
-        if not claims:
+        judged, measured = report.get("claims") or [], report.get("measured_claims") or []
+        if not judged and not measured:
             continue
-        sources.append(path.parent.name)
-        for claim in claims:
-            rows.append(
-                {
-                    **claim,
-                    "claim": f"{path.parent.name}: {claim['claim']}",
-                    "low": float("nan") if claim["low"] is None else claim["low"],
-                    "high": float("nan") if claim["high"] is None else claim["high"],
-                }
-            )
-    if not rows:
+        pipeline = path.parent.name
+        sources.append(pipeline)
+        for claim in judged:
+            lines.append(judged_row(pipeline, claim))
+            counts[claim["verdict"]] += 1
+        for claim in measured:
+            lines.append(measured_row(pipeline, claim))
+            counts[claim["verdict"]] += 1
+    if not lines:
         return ""
-    counts = {
-        v: sum(r["verdict"] == v for r in rows) for v in ("reproduced", "not reproduced", "inconclusive")
-    }
     return (
-        "\n## Every claim judged by the one verdict rule\n\n"
+        "\n## Every claim\n\n"
         f"From the reports of {', '.join(sources)}: {counts['reproduced']} reproduced, "
-        f"{counts['not reproduced']} not reproduced, {counts['inconclusive']} inconclusive. Δ = ours minus "
-        "the baseline it is compared with, 95 % interval over seeds (common/verdict.py).\n\n"
-        + claims_table(rows)
+        f"{counts['not reproduced']} not reproduced, {counts['inconclusive']} inconclusive. "
+        "Judged over seeds (common/verdict.py): Δ = ours minus the baseline it is compared with "
+        "(accuracy in points, losses in nats), with its 95 % interval over seeds; reproduced when the "
+        "interval lies inside the claim on Δ, not reproduced when outside it, inconclusive otherwise, "
+        "with 1 seed, or when the baseline did not converge. Measured once per configuration (time, "
+        "density, memory): the verdict and its reason are the report's. The paper's figures come from "
+        "`../shared/research/papers.md` with its confidence tags ([ABS] abstract, [CODE] official code, "
+        "[POSTER], [MEM] from memory of the paper: verify).\n\n"
+        "| claim | the paper | ours | 95 % interval | seeds | claim on Δ | verdict | why |\n"
+        "|---|---|---|---|---|---|---|---|\n" + "\n".join(lines) + "\n"
     )
+
+
+def commits_section() -> str:
+    shas = run_shas()
+    if not shas:
+        return ""
+    every = sorted(set().union(*shas.values()))
+    per = "; ".join(f"{p} {', '.join(sorted(s))}" for p, s in sorted(shas.items()))
+    head = (
+        f"Every run recorded git {every[0]}."
+        if len(every) == 1
+        else f"The runs recorded {len(every)} commits: {per}."
+    )
+    return f"\n{head}\n"
 
 
 def main() -> None:
@@ -53,6 +137,7 @@ def main() -> None:
     parts = [
         "# thinwire: summary of all pipelines\n",
         "Generated by `python -m pipelines.summary` from `results/*/report.json` and `results/*/report.md`.\n",
+        commits_section(),
         claims_section(),
     ]
     for path in sorted(RESULTS_DIR.glob("*/report.md")):

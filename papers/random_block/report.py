@@ -66,6 +66,16 @@ def best_lr(own: Runs, task: str, density: str, method: str, metric: str) -> str
     return max(names, key=lambda n: sign * statistics.fmean(values(own, n, metric).values()))
 
 
+# The paper's own figures for each claim (../shared/research/papers.md 5.1 and 5.5, with its tags),
+# shown beside ours in results/summary.md.
+PAPER = {
+    "fp32": "DEF closes most of EF's gap to full-precision SGD at 64x random-block compression "
+    "(CIFAR-10/100, ImageNet; no figure verified) [MEM]",
+    "ef": "DEF beats EF by a clear margin with random-block sparsification (no figure verified) [MEM]",
+    "defa": "DEF-A accelerates DEF's generalization early in training [ABS]",
+}
+
+
 def collect(
     suite: Runs, own: Runs, converged: dict[str, bool]
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -79,14 +89,17 @@ def collect(
         ok = converged.get(task, False)
         better = Claim(lower=0.0) if metric == "accuracy" else Claim(upper=0.0)
         claims.append(
-            judge_claim(
-                f"{spec['title']}: DEF at 1/16 loses nothing against fp32",
-                values(suite, f"{task}_def", metric),
-                values(suite, f"{task}_fp32", metric),
-                no_loss_claim(metric, tol),
-                metric=metric,
-                baseline_converged=ok,
-            )
+            {
+                **judge_claim(
+                    f"{spec['title']}: DEF at 1/16 loses nothing against fp32",
+                    values(suite, f"{task}_def", metric),
+                    values(suite, f"{task}_fp32", metric),
+                    no_loss_claim(metric, tol),
+                    metric=metric,
+                    baseline_converged=ok,
+                ),
+                "paper": PAPER["fp32"],
+            }
         )
         rows.append(
             {
@@ -103,14 +116,17 @@ def collect(
         )
         if f"{task}_d16_ef" in own:  # the recipe's lr for both
             claims.append(
-                judge_claim(
-                    f"{spec['title']}: DEF beats classic EF at 1/16 (lr 0.4 both)",
-                    values(suite, f"{task}_def", metric),
-                    values(own, f"{task}_d16_ef", metric),
-                    better,
-                    metric=metric,
-                    baseline_converged=ok,
-                )
+                {
+                    **judge_claim(
+                        f"{spec['title']}: DEF beats classic EF at 1/16 (lr 0.4 both)",
+                        values(suite, f"{task}_def", metric),
+                        values(own, f"{task}_d16_ef", metric),
+                        better,
+                        metric=metric,
+                        baseline_converged=ok,
+                    ),
+                    "paper": PAPER["ef"],
+                }
             )
             rows.append(
                 {
@@ -148,26 +164,32 @@ def collect(
                             }
                         )
             claims.append(
-                judge_claim(
-                    f"{spec['title']}: DEF beats classic EF at {label} (each at its best lr: "
-                    f"{_lr(best['def'])} / {_lr(best['ef'])})",
-                    values(own, best["def"], metric),
-                    values(own, best["ef"], metric),
-                    better,
-                    metric=metric,
-                    baseline_converged=ok,
-                )
+                {
+                    **judge_claim(
+                        f"{spec['title']}: DEF beats classic EF at {label} (each at its best lr: "
+                        f"{_lr(best['def'])} / {_lr(best['ef'])})",
+                        values(own, best["def"], metric),
+                        values(own, best["ef"], metric),
+                        better,
+                        metric=metric,
+                        baseline_converged=ok,
+                    ),
+                    "paper": PAPER["ef"],
+                }
             )
             claims.append(
-                judge_claim(
-                    f"{spec['title']}: DEF-A ahead of DEF at {int(100 * EARLY)} % of training, {label} "
-                    f"(best lr: {_lr(best['defa'])} / {_lr(best['def'])})",
-                    _early(own[best["defa"]], metric),
-                    _early(own[best["def"]], metric),
-                    better,
-                    metric=metric,
-                    baseline_converged=ok,
-                )
+                {
+                    **judge_claim(
+                        f"{spec['title']}: DEF-A ahead of DEF at {int(100 * EARLY)} % of training, {label} "
+                        f"(best lr: {_lr(best['defa'])} / {_lr(best['def'])})",
+                        _early(own[best["defa"]], metric),
+                        _early(own[best["def"]], metric),
+                        better,
+                        metric=metric,
+                        baseline_converged=ok,
+                    ),
+                    "paper": PAPER["defa"],
+                }
             )
     if not claims:
         raise SystemExit("error: the suite has no DEF runs: dvc repro pipelines/suite/dvc.yaml")

@@ -62,6 +62,17 @@ def _run_row(task: str, variant: str, seeds: dict[int, dict[str, Any]], metric: 
     }
 
 
+# The paper's own figures for each claim (../shared/research/papers.md 3.3-3.4, with its tags), shown
+# beside ours in results/summary.md.
+PAPER = {
+    "terngrad": "AlexNet / ImageNet: no accuracy loss, can even improve [ABS]; 57.28 against 58.17 % top-1 "
+    "in DGC's table [MEM]; MNIST and CIFAR-10 close to fp32 [POSTER]",
+    "noclip": "without clipping accuracy drops visibly (no figure; the notes' expected shape, 3.4)",
+    "noshare": "all workers share the largest scaler [CODE]; no accuracy figure for sharing alone",
+    "clipown": "layer-wise clipping at 2.5 std [POSTER]; no figure for per-worker bounds",
+}
+
+
 def collect(
     suite: Runs, own: Runs, converged: dict[str, bool]
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -74,14 +85,17 @@ def collect(
         fp32, tern = values(suite, f"{task}_fp32", metric), values(suite, f"{task}_terngrad", metric)
         ok = converged.get(task, False)
         claims.append(
-            judge_claim(
-                f"{title}: TernGrad loses nothing against fp32",
-                tern,
-                fp32,
-                no_loss_claim(metric, tol),
-                metric=metric,
-                baseline_converged=ok,
-            )
+            {
+                **judge_claim(
+                    f"{title}: TernGrad loses nothing against fp32",
+                    tern,
+                    fp32,
+                    no_loss_claim(metric, tol),
+                    metric=metric,
+                    baseline_converged=ok,
+                ),
+                "paper": PAPER["terngrad"],
+            }
         )
         rows += [_run_row(task, v, suite[f"{task}_{v}"], metric) for v in ("fp32", "terngrad")]
         worse = Claim(upper=0.0) if metric == "accuracy" else Claim(lower=0.0)
@@ -102,7 +116,12 @@ def collect(
             # "sharing costs nothing": TernGrad (shared) against the unshared run as its baseline
             method, baseline = (tern, ablated) if flipped else (ablated, tern)
             claims.append(
-                judge_claim(f"{title}: {what}", method, baseline, claim, metric=metric, baseline_converged=ok)
+                {
+                    **judge_claim(
+                        f"{title}: {what}", method, baseline, claim, metric=metric, baseline_converged=ok
+                    ),
+                    "paper": PAPER[variant],
+                }
             )
             rows.append(_run_row(task, variant, own[run], metric))
     if not claims:

@@ -85,6 +85,13 @@ def test_report_has_the_density_cost_and_accuracy_claims(exdyna):
     cost = [r for r in report["rows"] if r["source"] == "cost"]
     assert {(r["selector"], r["world"], r["steps"]) for r in cost} == {("exdyna", 2, 60), ("topk", 2, 60)}
     assert all(c["verdict"] == "inconclusive" for c in report["claims"])  # 1-2 seeds
+    assert all(c["paper"] for c in report["claims"])  # the paper's statement beside each (summary)
+    measured = {c["claim"]: c for c in report["measured_claims"]}
+    assert {name: c["verdict"] for name, c in measured.items()} == {
+        f"ExDyna's {k}": v for k, v in overall.items()
+    }
+    density = measured["ExDyna's density at target on every task"]
+    assert "within 10 % of the target" in density["ours"] and "selects faster" not in density["ours"]
     assert (exdyna / "curves.png").stat().st_size > 10_000
 
 

@@ -80,3 +80,20 @@ def test_report_smooths_models_time_and_finds_the_first_step_at_the_target():
     assert report.modelled_times(central, 0.2, params, 1e7) == pytest.approx([5 * (0.2 + t_reduce)])
     assert report.first_reach([3.0, 2.0, 1.5, 1.0], [1.0, 2.0, 3.0, 4.0], [5, 10, 15, 20], 1.6) == (15, 3.0)
     assert report.first_reach([3.0, 2.0], [1.0, 2.0], [5, 10], 1.0) is None
+
+
+def test_the_summary_lists_each_claim_with_what_was_measured():
+    rows = [
+        {"run": f"mnist_er_{m}", "speedup": s}
+        for m, s in zip(report.METHODS, (1.0, 1.5, 2.0, None, 1.2, 1.1, None), strict=True)
+    ]
+    listed = report.measured_claims([(rows, {"task": "mnist_er", "title": "MNIST", "measured": True})])
+    faster, periodic = listed
+    assert faster["paper"] == report.PAPER["faster"]
+    assert faster["ours"].endswith("C_b 0.5 1.50x, C_b 0.3 2.00x, C_b 0.1 did not reach the target")
+    assert "C_b 0.5: MATCHA 1.50x against periodic 1.20x" in periodic["ours"]
+    assert (
+        "C_b 0.1: MATCHA did not reach the target against periodic did not reach the target"
+        in periodic["ours"]
+    )
+    assert {c["verdict"] for c in listed} == {"inconclusive"}  # one seed

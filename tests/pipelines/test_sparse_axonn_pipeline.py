@@ -243,13 +243,18 @@ def test_two_stages_by_two_replicas_train_like_one_process(pruned, trained, tmp_
 
 
 def test_the_report_puts_our_figures_beside_the_claims(pruned, trained):
-    from papers.sparse_axonn.report import collect, markdown
+    from papers.sparse_axonn.report import CLAIMS, claims, collect, markdown, measured_claims
 
     prune = json.loads((pruned / "prune.json").read_text())
     rows = collect(trained, list(SMOKE_RUNS))
     text, model = markdown(rows, prune, load_params("sparse_axonn"), "smoke")
     assert "-74 % memory" in text and "A MODEL of the paper's setting" in text
     assert model is None or 0 < model["memory_reduction"] < 1
+    # results/summary.md's rows: the paper's figure, ours and the model's, inconclusive at CPU scale
+    listed = measured_claims(rows, prune, model)
+    assert [c["paper"] for c in listed] == [c["claim"] for c in claims(rows, prune, model)]
+    assert CLAIMS["memory"] in [c["paper"] for c in listed]
+    assert all(c["verdict"] == "inconclusive" and "model of the paper's setting" in c["ours"] for c in listed)
 
 
 def test_masks_that_do_not_fit_the_model_are_rejected_before_any_rank_starts(pruned, tmp_path, monkeypatch):

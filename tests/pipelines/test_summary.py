@@ -1,0 +1,94 @@
+"""The cross-paper summary: every claim of every report in one table, beside the paper's figure."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipelines import summary
+
+
+def _judged(claim, verdict, seeds=(3, 3), low=-0.5, high=0.3, paper="ResNet-110 93.87 % [MEM]"):
+    return {
+        "claim": claim,
+        "metric": "accuracy",
+        "method_mean": 80.5,
+        "baseline_mean": 80.6,
+        "seeds": list(seeds),
+        "difference": -0.1,
+        "low": low,
+        "high": high,
+        "paired": True,
+        "bound": ">= -1 pts",
+        "verdict": verdict,
+        "reason": "why it is so",
+        "paper": paper,
+    }
+
+
+@pytest.fixture
+def results(tmp_path, monkeypatch):
+    root = tmp_path / "results"
+    for name, report in {
+        "terngrad": {
+            "rows": [{"git_sha": "abc1234", "run": "a"}],
+            "claims": [
+                _judged("CIFAR-10: TernGrad loses nothing", "reproduced"),
+                _judged("MNIST: it | loses nothing", "inconclusive", seeds=(1, 3), low=None, high=None),
+            ],
+        },
+        "matcha": {
+            "rows": [{"git_sha": "abc1234"}],
+            "measured_claims": [
+                {
+                    "claim": "MATCHA: less time",
+                    "paper": "up to 5x [ABS]",
+                    "ours": "1.23x",
+                    "verdict": "inconclusive",
+                    "reason": "one seed",
+                }
+            ],
+        },
+        "baseline": {"rows": [{"git_sha": "abc1234"}]},
+    }.items():
+        (root / name).mkdir(parents=True)
+        (root / name / "report.json").write_text(json.dumps(report))
+        (root / name / "report.md").write_text(f"# {name}\n\n## a table\n")
+        run = root / name / "runs" / "group" / "run" / "seed0"
+        run.mkdir(parents=True)
+        (run / "run.json").write_text(json.dumps({"git_sha": "abc1234", "mlflow_run_id": "x"}))
+    pilot = root / "terngrad" / "recipe_pilot" / "runs" / "run"
+    pilot.mkdir(parents=True)
+    (pilot / "run.json").write_text(json.dumps({"git_sha": "0ld0000"}))  # history: not counted
+    monkeypatch.setattr(summary, "RESULTS_DIR", root)
+    return root
+
+
+def test_every_claim_is_one_row_beside_the_papers_figure(results):
+    text = summary.claims_section()
+    rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| claim")]
+    assert len(rows) == 3
+    assert "1 reproduced, 0 not reproduced, 2 inconclusive" in text
+    judged = next(r for r in rows if "TernGrad loses nothing" in r)
+    assert "ResNet-110 93.87 % [MEM]" in judged and "80.50 against 80.60: Δ -0.10 pts" in judged
+    assert "[-0.50, 0.30]" in judged and "**reproduced**" in judged
+    single = next(r for r in rows if "MNIST" in r)
+    assert "it \\| loses nothing" in single  # a | in a claim does not split the row
+    assert "none (1 seed)" in single and "1 vs 3" in single
+    measured = next(r for r in rows if "MATCHA" in r)
+    assert measured.startswith("| matcha: MATCHA: less time | up to 5x [ABS] | 1.23x | - | 1 run |")
+    assert all(r.count(" | ") == 7 for r in rows)  # eight cells each
+
+
+def test_the_summary_names_the_commit_of_every_run(results):
+    summary.main()
+    text = (results / "summary.md").read_text()
+    assert "Every run recorded git abc1234." in text
+    assert "\n### a table\n" in text  # each report's headings one level down
+    later = results / "matcha" / "runs" / "group" / "other" / "seed0"
+    later.mkdir(parents=True)
+    (later / "run.json").write_text(json.dumps({"git_sha": "def5678"}))
+    assert "The runs recorded 2 commits: baseline abc1234; matcha abc1234, def5678; terngrad abc1234." in (
+        summary.commits_section()
+    )
