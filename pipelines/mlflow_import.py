@@ -10,13 +10,16 @@ walks ``results/<pipeline>/``:
   by step, ``metrics.json`` as ``final_*`` metrics, its tags (git sha, fingerprint, ...) and its
   small files (json, csv, png, md) as artifacts;
 - every evaluation (``evaluations/<group>/<run>/seed<k>.json``), nested under its training run;
+- sparse AxoNN's prune stage (``prune.json``) and its evaluations (``evaluations/<model>.json``),
+  nested under it;
 - each pipeline's report (``report.md|json``, figures) as a run named ``report``.
 
 One experiment per pipeline, in MLflow's model-training view. Each imported run carries
 ``thinwire.original_run_id`` (the id in the store it was trained with, also in ``run.json`` and the
 READMEs) and ``thinwire.source`` (its folder). Idempotent: a run whose original id is already in the
 store (the machine that trained it), or that was imported before, is skipped. ``--listing FILE``
-also writes what is imported, per pipeline (the DVC stage's output); ``--dry-run`` imports nothing.
+also writes what is imported, per pipeline (the DVC stage's output); ``--dry-run`` imports nothing;
+``--verify results/summary.md`` then fails if a run id quoted there is not in the store.
 """
 
 from __future__ import annotations
@@ -141,6 +144,41 @@ def evaluation_runs(results: Path) -> Iterator[Record]:
         )
 
 
+def stage_runs(results: Path) -> Iterator[Record]:
+    """Runs a stage logged without a run folder: sparse AxoNN's prune (``prune.json``: it trains the
+    dense model and retrains every mask) and its evaluation of each model (``evaluations/<model>.json``,
+    nested under the prune run)."""
+    for path in sorted(results.glob("*/prune.json")):
+        row = json.loads(path.read_text())
+        params: dict[str, Any] = {}
+        _flatten("", row.get("scale_config", {}), params)
+        yield Record(
+            experiment=path.parent.name,
+            name="prune",
+            source=path.relative_to(results),
+            original_id=row.get("mlflow_run_id"),
+            params={k: json.dumps(v) if isinstance(v, list) else str(v) for k, v in params.items()},
+            tags={"stage": "prune", "git_sha": str(row.get("git_sha"))},
+            metrics=[(k, v, 0) for k, v in _numbers(row).items()],
+            artifacts=[p for p in (path, path.with_suffix(".md")) if p.exists()],
+        )
+    for path in sorted(results.glob("*/evaluations/*.json")):
+        row = json.loads(path.read_text())
+        if "mlflow_run_id" not in row:
+            continue
+        yield Record(
+            experiment=path.parent.parent.name,
+            name=f"{path.stem}-evaluate",
+            source=path.relative_to(results),
+            original_id=row["mlflow_run_id"],
+            params={k: str(v) for k, v in row.items() if k in ("model", "sparsity")},
+            tags={"stage": "evaluate", "git_sha": str(row.get("git_sha"))},
+            metrics=[(k, v, 0) for k, v in _numbers(row).items() if k.startswith(("test_", "val_"))],
+            artifacts=[path],
+            parent_original_id=row.get("prune_run_id"),
+        )
+
+
 def report_runs(results: Path) -> Iterator[Record]:
     for folder in sorted(p for p in results.iterdir() if p.is_dir()):
         files = [folder / n for n in REPORT_FILES if (folder / n).exists()]
@@ -152,7 +190,7 @@ def report_runs(results: Path) -> Iterator[Record]:
 
 
 def collect(results: Path) -> list[Record]:
-    return [*training_runs(results), *evaluation_runs(results), *report_runs(results)]
+    return [*training_runs(results), *stage_runs(results), *evaluation_runs(results), *report_runs(results)]
 
 
 def listing(records: list[Record]) -> str:
@@ -241,6 +279,22 @@ def import_records(records: list[Record], uri: str) -> dict[str, int]:
     return dict(counts)
 
 
+def missing_ids(text: str, uri: str) -> list[str]:
+    """The MLflow run ids quoted in ``text`` (32 hex digits in backticks, as the reports write
+    them) that the store at ``uri`` has neither as a run nor as a run's original id."""
+    import re
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    known: set[str] = set()
+    for run in client.search_runs(experiments, max_results=50_000) if experiments else []:
+        known.add(run.info.run_id)
+        known.add(run.data.tags.get(ORIGINAL_TAG, ""))
+    return sorted(set(re.findall(r"`([0-9a-f]{32})`", text)) - known)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -248,6 +302,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--results", default=str(RESULTS_DIR), help="the results folder (default: results/)")
     parser.add_argument("--listing", default=None, metavar="FILE", help="also write what is imported to FILE")
     parser.add_argument("--dry-run", action="store_true", help="list only; import nothing")
+    parser.add_argument(
+        "--verify",
+        default=None,
+        metavar="FILE",
+        help="after the import, fail if an MLflow run id quoted in FILE (e.g. results/summary.md) is not in the store",
+    )
     args = parser.parse_args(argv)
     quiet_environment()
     results = Path(args.results)
@@ -265,6 +325,13 @@ def main(argv: list[str] | None = None) -> None:
         f"{counts.get('imported', 0)} runs imported, {counts.get('skipped', 0)} already in {uri}; "
         f"browse with: mlflow ui --backend-store-uri {uri}"
     )
+    if args.verify:
+        missing = missing_ids(Path(args.verify).read_text(), uri)
+        if missing:
+            raise SystemExit(
+                f"error: {len(missing)} run ids quoted in {args.verify} are not in {uri}: {', '.join(missing)}"
+            )
+        print(f"every run id quoted in {args.verify} is in the store")
 
 
 if __name__ == "__main__":

@@ -78,6 +78,50 @@ def test_fresh_store_gets_every_run_nested_and_in_the_training_view(results: Pat
     assert "model.pt" not in artifacts
     # again: nothing new
     assert mlflow_import.import_records(mlflow_import.collect(results), uri) == {"skipped": 4}
+    # every id a summary quotes is in the store, as a run or as a run's original id
+    quoted = f"| `{'a' * 32}` | `{train.info.run_id}` | `{'c' * 32}` | `{'f' * 32}` |"
+    assert mlflow_import.missing_ids(quoted, uri) == ["f" * 32]
+
+
+def test_sparse_axonns_prune_run_and_its_evaluations_are_imported(results: Path, tmp_path: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    sparse = results / "sparse_axonn"
+    (sparse / "evaluations").mkdir(parents=True)
+    (sparse / "prune.json").write_text(
+        json.dumps(
+            {
+                "mlflow_run_id": "d" * 32,
+                "git_sha": "abc1234",
+                "wall_seconds": 12.5,
+                "scale_config": {"steps": 40},
+            }
+        )
+    )
+    (sparse / "prune.md").write_text("# prune\n")
+    (sparse / "evaluations" / "dense.json").write_text(
+        json.dumps(
+            {
+                "mlflow_run_id": "e" * 32,
+                "prune_run_id": "d" * 32,
+                "model": "dense",
+                "sparsity": 0.0,
+                "test_loss": 1.7,
+            }
+        )
+    )
+    uri = f"sqlite:///{tmp_path / 'fresh.db'}"
+    assert mlflow_import.import_records(mlflow_import.collect(results), uri) == {"imported": 6}
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("sparse_axonn")
+    runs = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
+    assert set(runs) == {"prune", "dense-evaluate"}
+    prune = runs["prune"]
+    assert prune.data.tags["thinwire.original_run_id"] == "d" * 32
+    assert prune.data.params["steps"] == "40" and prune.data.metrics["wall_seconds"] == 12.5
+    evaluation = runs["dense-evaluate"]
+    assert evaluation.data.tags["mlflow.parentRunId"] == prune.info.run_id
+    assert evaluation.data.metrics["test_loss"] == 1.7
 
 
 def test_listing_counts_per_experiment(results: Path) -> None:
