@@ -59,6 +59,7 @@ repro: $(STAMP)
 	$(VENV)/bin/dvc config core.analytics false
 	$(VENV)/bin/dvc repro --allow-missing
 
-# Load every committed run (results/) into the local MLflow store, then: mlflow ui (see README).
+# Load every committed run (results/) into the local MLflow store and check that every run id the
+# summary quotes is there; then: mlflow ui (see README).
 mlflow: $(STAMP)
-	$(PY) -m pipelines.mlflow_import
+	$(PY) -m pipelines.mlflow_import --verify results/summary.md
