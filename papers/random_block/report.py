@@ -57,6 +57,11 @@ def _early(seeds: dict[int, dict[str, Any]], metric: str) -> dict[int, float]:
     return out
 
 
+def _recipe_lr(seeds: dict[int, dict[str, Any]]) -> float:
+    """The learning rate the run trained at, from its run.json (every seed shares the recipe)."""
+    return next(iter(seeds.values()))["info"]["config"]["lr"]
+
+
 def best_lr(own: Runs, task: str, density: str, method: str, metric: str) -> str | None:
     """The run name of ``method`` at ``density`` with the best mean metric over its lr grid."""
     names = [f"{task}_{density}_{method}_{tag}" for tag in LRS if f"{task}_{density}_{method}_{tag}" in own]
@@ -107,7 +112,7 @@ def collect(
                 "run": f"{task}_def",
                 "method": "def",
                 "density": "d16",
-                "lr": 0.4,
+                "lr": _recipe_lr(suite[f"{task}_def"]),
                 "source": "suite",
                 "best": True,
                 **summarize(suite[f"{task}_def"], metric),
@@ -118,7 +123,7 @@ def collect(
             claims.append(
                 {
                     **judge_claim(
-                        f"{spec['title']}: DEF beats classic EF at 1/16 (lr 0.4 both)",
+                        f"{spec['title']}: DEF beats classic EF at 1/16 (lr {_recipe_lr(suite[f'{task}_def']):g} both)",
                         values(suite, f"{task}_def", metric),
                         values(own, f"{task}_d16_ef", metric),
                         better,
@@ -134,7 +139,7 @@ def collect(
                     "run": f"{task}_d16_ef",
                     "method": "ef",
                     "density": "d16",
-                    "lr": 0.4,
+                    "lr": _recipe_lr(own[f"{task}_d16_ef"]),
                     "source": PIPELINE,
                     "best": True,
                     **summarize(own[f"{task}_d16_ef"], metric),

@@ -52,6 +52,11 @@ def test_report_picks_the_best_lr_and_judges_def_against_ef(random_block):
         a, b = by_run[f"mnist_d16_{method}_lr04"], by_run[f"mnist_d16_{method}_lr01"]
         assert a["best"] != b["best"] and (a["mean"] >= b["mean"]) == a["best"]
     assert all(c["verdict"] == "inconclusive" for c in report["claims"])  # 1-2 seeds at smoke
+    # the suite's DEF rows carry the lr their runs trained at (run.json), not the MNIST recipe's
+    suite_rows = [r for r in report["rows"] if r["source"] == "suite"]
+    assert suite_rows
+    for row in suite_rows:
+        assert row["lr"] == resolve_config("suite", row["run"], "smoke").lr
 
 
 def test_every_run_composes_and_the_dvc_stages_list_every_run():
