@@ -306,7 +306,7 @@ class GradientSync:
             gathering = self._gather_wire(steps, all_gather_variable_async)
 
             def decode(done: Future[list[list[Tensor]]]) -> Tensor:
-                self.stats.seconds["communicate"] += time.perf_counter() - start
+                self.stats.add_seconds("communicate", time.perf_counter() - start)
                 return self._finish_all(steps, self._split_gathered(steps, keys, done.value()), flat)
 
             return gathering.then(decode)
@@ -316,7 +316,7 @@ class GradientSync:
         def finish(_: Future[list[Future[list[Tensor]]]]) -> Tensor:
             for work in works:
                 work()  # copies a fused buffer back into the payloads
-            self.stats.seconds["communicate"] += time.perf_counter() - start
+            self.stats.add_seconds("communicate", time.perf_counter() - start)
             return self._finish_all(steps, [None] * len(steps), flat)
 
         return torch.futures.collect_all(futures).then(finish)
