@@ -25,36 +25,49 @@ from torch import Tensor
 
 from kernels import ef_update
 
+from .compressors.segments import Segments
+
 
 class ErrorFeedback:
-    """Residual memory keyed by tensor name; checkpointable with ``state_dict``."""
+    """Residual memory keyed by tensor name; checkpointable with ``state_dict``.
+
+    ``residuals`` maps each name to its flat residual. A bucket's residuals are slices of one flat
+    buffer (built when a bucket layout is first seen, or after something replaced one of them):
+    ``compensate`` of a bucket is one addition and ``update`` one subtraction into that buffer,
+    whatever the number of tensors, and no residual is copied between steps.
+    """
 
     def __init__(self) -> None:
         self.residuals: dict[str, Tensor] = {}
+        # layout (names) -> (the flat buffer, the views of it that ``residuals`` holds)
+        self._flat: dict[tuple[str, ...], tuple[Tensor, list[Tensor]]] = {}
 
     def residual(self, key: str, like: Tensor) -> Tensor:
         """The stored residual for ``key`` (flat), or zeros shaped like ``like`` if none yet."""
-        stored = self.residuals.get(key)
-        if stored is None:
-            return torch.zeros(like.numel(), dtype=like.dtype, device=like.device)
-        if stored.numel() != like.numel():
-            raise ValueError(
-                f"error-feedback residual {key!r} has {stored.numel()} entries but the tensor has "
-                f"{like.numel()}: the model changed shape since the residual was stored"
-            )
-        return stored
+        return _stored(self.residuals, key, like, "error-feedback residual")
 
-    def compensate(self, keys: Sequence[str], flat: Tensor, sizes: Sequence[int]) -> Tensor:
-        """``flat + residuals`` where ``flat`` is the concatenation of the tensors named ``keys``."""
-        parts = flat.split(list(sizes))
-        summed = [p + self.residual(k, p) for k, p in zip(keys, parts, strict=True)]
-        return summed[0] if len(summed) == 1 else torch.cat(summed)  # each sum is a fresh tensor
+    def flat_buffer(self, keys: Sequence[str], flat: Tensor, sizes: Sequence[int]) -> Tensor:
+        """The residuals of ``keys`` as one flat tensor whose slices they are (see the class)."""
+        return _flat_buffer(self.residuals, self._flat, keys, flat, sizes, "error-feedback residual")
+
+    def compensate(
+        self, keys: Sequence[str], flat: Tensor, sizes: Sequence[int], segments: Segments | None = None
+    ) -> Tensor:
+        """``flat + residuals`` where ``flat`` is the concatenation of the tensors named ``keys``
+        (a fresh tensor). ``segments``: the bucket's layout when its tensors are compressed each on
+        its own in one pass (the fused path; plain error feedback does not need it)."""
+        if len(keys) == 1:
+            return flat + self.residual(keys[0], flat)
+        return flat + self.flat_buffer(keys, flat, sizes)
 
     def update(self, keys: Sequence[str], compensated: Tensor, sent: Tensor, sizes: Sequence[int]) -> None:
-        """Store ``compensated - sent`` split back into the named tensors' residuals."""
-        new = (compensated - sent.reshape(-1)).split(list(sizes))
-        for key, part in zip(keys, new, strict=True):
-            self.residuals[key] = part
+        """Store ``compensated - sent`` split back into the named tensors' residuals (into the
+        bucket's buffer where it is still theirs)."""
+        buffer = self._current(keys)
+        if buffer is not None and buffer.shape == compensated.shape and buffer.dtype == compensated.dtype:
+            torch.sub(compensated, sent.reshape(-1), out=buffer)
+            return
+        self._store(keys, compensated - sent.reshape(-1), sizes)
 
     def update_sparse(
         self, keys: Sequence[str], compensated: Tensor, indices: Tensor, values: Tensor, sizes: Sequence[int]
@@ -69,8 +82,7 @@ class ErrorFeedback:
         """
         position = indices.long()
         compensated.index_put_((position,), compensated.index_select(0, position) - (values + 0.0))
-        for key, part in zip(keys, compensated.split(list(sizes)), strict=True):
-            self.residuals[key] = part
+        self._store(keys, compensated, sizes)
 
     def clear(self, keys: Sequence[str]) -> None:
         """Everything of these tensors was sent: no residual (a missing one reads as zeros)."""
@@ -82,6 +94,75 @@ class ErrorFeedback:
 
     def load_state_dict(self, state: dict[str, dict[str, Tensor]]) -> None:
         self.residuals = {k: v.clone() for k, v in state["residuals"].items()}
+        self._flat = {}
+
+    def _current(self, keys: Sequence[str]) -> Tensor | None:
+        """The bucket buffer of ``keys`` if every one of their residuals is still its slice."""
+        return _current(self.residuals, self._flat, keys)
+
+    def _store(self, keys: Sequence[str], buffer: Tensor, sizes: Sequence[int]) -> None:
+        _store(self.residuals, self._flat, keys, buffer, sizes)
+
+
+def _stored(store: dict[str, Tensor], key: str, like: Tensor, what: str) -> Tensor:
+    """``store[key]`` (flat), or zeros shaped like ``like``; a size mismatch is an error."""
+    stored = store.get(key)
+    if stored is None:
+        return torch.zeros(like.numel(), dtype=like.dtype, device=like.device)
+    if stored.numel() != like.numel():
+        raise ValueError(
+            f"{what} {key!r} has {stored.numel()} entries but the tensor has {like.numel()}: "
+            "the model changed shape since it was stored"
+        )
+    return stored
+
+
+def _current(
+    store: dict[str, Tensor], flats: dict[tuple[str, ...], tuple[Tensor, list[Tensor]]], keys: Sequence[str]
+) -> Tensor | None:
+    cached = flats.get(tuple(keys))
+    if cached is None:
+        return None
+    buffer, views = cached
+    # identity checks on the host (a few ns a name): detects a residual replaced or cleared since
+    if all(store.get(k) is v for k, v in zip(keys, views, strict=True)):
+        return buffer
+    del flats[tuple(keys)]
+    return None
+
+
+def _store(
+    store: dict[str, Tensor],
+    flats: dict[tuple[str, ...], tuple[Tensor, list[Tensor]]],
+    keys: Sequence[str],
+    buffer: Tensor,
+    sizes: Sequence[int],
+) -> None:
+    views = list(buffer.split(list(sizes))) if len(keys) > 1 else [buffer.reshape(-1)]
+    for key, view in zip(keys, views, strict=True):
+        store[key] = view
+    if len(keys) > 1:
+        flats[tuple(keys)] = (buffer, views)
+
+
+def _flat_buffer(
+    store: dict[str, Tensor],
+    flats: dict[tuple[str, ...], tuple[Tensor, list[Tensor]]],
+    keys: Sequence[str],
+    flat: Tensor,
+    sizes: Sequence[int],
+    what: str,
+) -> Tensor:
+    """The stored tensors of ``keys`` as one flat buffer whose slices they are: the cached one, or
+    (a new layout, e.g. DDP's rebuilt buckets, or a tensor replaced since) a concatenation of what
+    is stored, zeros for what is not, whose slices are then what ``store`` holds."""
+    buffer = _current(store, flats, keys)
+    if buffer is not None and buffer.device == flat.device and buffer.dtype == flat.dtype:
+        return buffer
+    parts = [_stored(store, k, p, what) for k, p in zip(keys, flat.split(list(sizes)), strict=True)]
+    buffer = torch.cat(parts).to(flat.dtype)
+    _store(store, flats, keys, buffer, sizes)
+    return buffer
 
 
 class MomentumCorrection(ErrorFeedback):
@@ -149,68 +230,77 @@ class MomentumCorrection(ErrorFeedback):
         self.clip_norm = None if clip_norm is None else float(clip_norm)
         self.world_size = world_size
         self.momentums: dict[str, Tensor] = {}
+        self._momentum_flat: dict[tuple[str, ...], tuple[Tensor, list[Tensor]]] = {}
 
-    def clip(self, flat: Tensor) -> Tensor:
-        """``flat`` scaled to L2 norm at most ``clip_norm / sqrt(world_size)`` (no host sync)."""
+    def clip(self, flat: Tensor, segments: Segments | None = None) -> Tensor:
+        """``flat`` scaled to L2 norm at most ``clip_norm / sqrt(world_size)`` (no host sync); with
+        ``segments``, each of its tensors on its own (one segmented reduction for all)."""
         if self.clip_norm is None:
             return flat
         max_norm = self.clip_norm / math.sqrt(self.world_size)
-        norm = torch.linalg.vector_norm(flat.float())
-        return flat * torch.clamp(max_norm / (norm + 1e-6), max=1.0).to(flat.dtype)
+        flat32 = flat.float()
+        if segments is None:
+            norm = torch.linalg.vector_norm(flat32)
+            return flat * torch.clamp(max_norm / (norm + 1e-6), max=1.0).to(flat.dtype)
+        norms_S = segments.reduce(flat32 * flat32, "sum").sqrt_()
+        factors_S = torch.clamp(max_norm / (norms_S + 1e-6), max=1.0).to(flat.dtype)
+        return flat * segments.expand(factors_S)
 
     def momentum_buffer(self, key: str, like: Tensor) -> Tensor:
         """The stored momentum ``u`` for ``key`` (flat), or zeros shaped like ``like`` if none yet."""
-        stored = self.momentums.get(key)
-        if stored is None:
-            return torch.zeros(like.numel(), dtype=like.dtype, device=like.device)
-        if stored.numel() != like.numel():
-            raise ValueError(
-                f"momentum {key!r} has {stored.numel()} entries but the tensor has {like.numel()}: "
-                "the model changed shape since it was stored"
-            )
-        return stored
+        return _stored(self.momentums, key, like, "momentum")
 
-    def compensate(self, keys: Sequence[str], flat: Tensor, sizes: Sequence[int]) -> Tensor:
-        """Advance ``u`` and ``v`` with the (clipped) gradients; return the new ``v``, flat."""
-        parts = self.clip(flat).split(list(sizes))
-        out = []
-        for key, g in zip(keys, parts, strict=True):
-            u = self.momentum_buffer(key, g).contiguous()
-            v = self.residual(key, g).contiguous()
-            if self.nesterov:
-                u = self.momentum * (u + g)
-                v = v + u + g
-            elif u.dtype == torch.float32 and g.dtype == torch.float32:
-                ef_update(u, v, g, self.momentum)  # in place: u = m u + g; v += u
-            else:
-                u.mul_(self.momentum).add_(g)
-                v.add_(u)
-            self.momentums[key], self.residuals[key] = u, v
-            out.append(v)
-        return torch.cat(out)  # a copy: the caller may hold it while the state moves on
+    def compensate(
+        self, keys: Sequence[str], flat: Tensor, sizes: Sequence[int], segments: Segments | None = None
+    ) -> Tensor:
+        """Advance ``u`` and ``v`` with the (clipped) gradients; return the new ``v``, flat (a copy:
+        the caller may hold it while the state moves on). ``segments``: the tensors of a bucket
+        compressed each on its own in one pass: the clipping is then per tensor, as when each is
+        compensated on its own. The bucket's ``u`` and ``v`` are each one flat buffer (advanced in
+        one pass, ``kernels.ef_update``), whatever the number of tensors."""
+        g = self.clip(flat, segments)
+        if len(keys) == 1:
+            u = self.momentum_buffer(keys[0], g).contiguous()
+            v = self.residual(keys[0], g).contiguous()
+        else:
+            u = _flat_buffer(self.momentums, self._momentum_flat, keys, g, sizes, "momentum")
+            v = self.flat_buffer(keys, g, sizes)
+        if self.nesterov:
+            u.copy_(self.momentum * (u + g))
+            v.copy_(v + u + g)
+        elif u.dtype == torch.float32 and g.dtype == torch.float32:
+            ef_update(u, v, g, self.momentum)  # in place: u = m u + g; v += u
+        else:
+            u.mul_(self.momentum).add_(g)
+            v.add_(u)
+        if len(keys) == 1:
+            self.momentums[keys[0]], self.residuals[keys[0]] = u, v
+        return v.clone()
+
+    def _momentums_of(self, keys: Sequence[str], like: Tensor, sizes: Sequence[int]) -> Tensor:
+        if len(keys) == 1:
+            return self.momentums[keys[0]].view(-1)
+        return _flat_buffer(self.momentums, self._momentum_flat, keys, like, sizes, "momentum")
 
     def update(self, keys: Sequence[str], compensated: Tensor, sent: Tensor, sizes: Sequence[int]) -> None:
         """``v = compensated - sent``; with masking, ``u = 0`` where ``sent != 0``."""
         super().update(keys, compensated, sent, sizes)
-        if not self.masking:
-            return
-        for key, sent_part in zip(keys, sent.reshape(-1).split(list(sizes)), strict=True):
-            self.momentums[key].masked_fill_(sent_part != 0, 0.0)
+        if self.masking:
+            self._momentums_of(keys, compensated, sizes).masked_fill_(sent.reshape(-1) != 0, 0.0)
 
     def update_sparse(
         self, keys: Sequence[str], compensated: Tensor, indices: Tensor, values: Tensor, sizes: Sequence[int]
     ) -> None:
         """:meth:`update` for a sparse ``sent`` (see ``ErrorFeedback.update_sparse``); with masking,
-        ``u = 0`` at the indices whose sent value ``0 + v`` is not 0 (as ``sent != 0``: NaN too)."""
+        ``u = 0`` at the indices whose sent value ``0 + v`` is not 0 (as ``sent != 0``: NaN too),
+        written with the other entries' own values (no mask-dependent shape)."""
+        u = self._momentums_of(keys, compensated, sizes) if self.masking else None
         super().update_sparse(keys, compensated, indices, values, sizes)
-        if not self.masking:
+        if u is None:
             return
-        sent_nonzero = indices.long()[(values + 0.0) != 0]
-        start = 0
-        for key, size in zip(keys, sizes, strict=True):
-            inside = sent_nonzero[(sent_nonzero >= start) & (sent_nonzero < start + size)] - start
-            self.momentums[key].view(-1).index_fill_(0, inside, 0.0)
-            start += size
+        position = indices.long()
+        kept = u.index_select(0, position)
+        u.index_put_((position,), torch.where((values + 0.0) != 0, torch.zeros_like(kept), kept))
 
     def state_dict(self) -> dict[str, dict[str, Tensor]]:
         state = super().state_dict()
@@ -224,3 +314,4 @@ class MomentumCorrection(ErrorFeedback):
             )
         super().load_state_dict(state)
         self.momentums = {k: u.clone() for k, u in state["momentums"].items()}
+        self._momentum_flat = {}

@@ -122,18 +122,21 @@ class _VariableGather:
         world = get_world_size(group)
         tensors = [t.reshape(-1) for t in tensors]
         device = tensors[0].device
-        counts = torch.tensor([t.numel() for t in tensors], dtype=torch.int64, device=device)
-        if sizes_known:
-            counts_W = counts.unsqueeze(0).expand(world, -1)
+        nbytes = [t.numel() * t.element_size() for t in tensors]
+        self.nbytes_W: list[list[int]]
+        if sizes_known:  # every rank's sizes are this rank's: known on the host, nothing to read back
+            self.nbytes_W = [nbytes] * world
         else:
+            counts = torch.tensor([t.numel() for t in tensors], dtype=torch.int64, device=device)
             counts_W = torch.empty(world * len(tensors), dtype=torch.int64, device=device)
             _all_gather_single(counts_W, counts, group=group)
             counts_W = counts_W.view(world, len(tensors))
             if stats is not None:
                 stats.add_call("all_gather_counts", _bits(counts))
-        itemsizes = torch.tensor([t.element_size() for t in tensors], dtype=torch.int64, device=device)
-        self.nbytes_W = (counts_W * itemsizes).cpu()  # one host sync: needed to size the receive buffer
-        self.max_bytes = max_bytes = int(self.nbytes_W.sum(1).max())
+            itemsizes = torch.tensor([t.element_size() for t in tensors], dtype=torch.int64, device=device)
+            # one host sync: needed to size the receive buffer
+            self.nbytes_W = (counts_W * itemsizes).cpu().tolist()
+        self.max_bytes = max_bytes = max(sum(row) for row in self.nbytes_W)
         views = [t.contiguous().view(torch.uint8) for t in tensors]
         if len(views) == 1 and views[0].numel() == max_bytes:
             self.send = views[0]  # nothing to concatenate or pad: send the bytes as they are
@@ -152,8 +155,8 @@ class _VariableGather:
         rows = self.recv.view(self.world, self.max_bytes)
         out: list[list[Tensor]] = []
         for r in range(self.world):
-            sizes = self.nbytes_W[r].tolist()
-            parts = rows[r].split([*sizes, self.max_bytes - int(sum(sizes))])
+            sizes = self.nbytes_W[r]
+            parts = rows[r].split([*sizes, self.max_bytes - sum(sizes)])
             # A byte slice can be viewed as a wider dtype only at an aligned offset; copy otherwise.
             out.append(
                 [

@@ -64,12 +64,14 @@ def install_ddp_hook(
     every method is per tensor (one random block, one TernGrad scaler, one top-k per layer).
     ``False`` compresses each bucket as one flat tensor. ``error_feedback`` is off by default, as
     in :class:`GradientSync` and the run configs. Remaining ``options`` that are not compressor
-    options go to :class:`GradientSync` (``transport``, ``seed``, ``group``, ``stats``). Returns
+    options go to :class:`GradientSync` (``transport``, ``seed``, ``group``, ``stats``, ``fused``:
+    each bucket compressed in a fixed number of launches with no host read, by default on CUDA).
+    Returns
     the :class:`GradientSync`, whose ``stats`` and ``state_dict()`` (residuals, generator states)
     the caller may checkpoint.
     """
     _require_ddp(model, "install_ddp_hook", "GradientSync(compressor).sync_gradients(model) after backward()")
-    sync_keys = {"transport", "seed", "group", "stats"}
+    sync_keys = {"transport", "seed", "group", "stats", "fused"}
     sync_options = {k: options.pop(k) for k in list(options) if k in sync_keys}
     if "bucket_numel" in options:
         raise ValueError(

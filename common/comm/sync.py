@@ -29,6 +29,7 @@ from .collectives import (
     get_rank,
     get_world_size,
 )
+from .fused import FusedRoute
 from .hierarchy import HostHierarchy
 from .low_rank import reduce_low_rank
 from .stats import CommStats
@@ -50,6 +51,8 @@ class _Step:
     sent: Tensor | None
     #: A sparsifier's ``(indices, values)`` in place of a dense ``sent`` (``ErrorFeedback.update_sparse``).
     sparse: tuple[Tensor, Tensor] | None = None
+    #: The fused route's (``common.comm.fused``): the whole bucket, its residual already updated.
+    fused: bool = False
 
 
 @dataclass
@@ -109,6 +112,9 @@ class GradientSync:
         seed: seeds the shared and per-rank generators handed to the compressor.
         group: process group (default: the world).
         stats: where bits, calls and phase times are added (a new :class:`CommStats` by default).
+        fused: compress a bucket in a fixed number of launches with no host read, each tensor with
+            its own semantics (:mod:`common.comm.fused`), where the compressor supports it:
+            ``None`` (default) on CUDA tensors, ``True`` on any device, ``False`` never.
 
     Results are averages (sum / world size) written back into the gradients in place.
     """
@@ -125,6 +131,7 @@ class GradientSync:
         group: ProcessGroup = None,
         stats: CommStats | None = None,
         hierarchy: HostHierarchy | None = None,
+        fused: bool | None = None,
     ) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"unknown transport {transport!r}; valid transports: {', '.join(TRANSPORTS)}")
@@ -140,6 +147,8 @@ class GradientSync:
             )
         if bucket_numel is not None and bucket_numel < 1:
             raise ValueError(f"bucket_numel must be None (per tensor) or >= 1, got {bucket_numel}")
+        if fused is not None and not isinstance(fused, bool):
+            raise ValueError(f"fused must be None (on CUDA), true or false, got {fused!r}")
         self.compressor = compressor
         if isinstance(error_feedback, ErrorFeedback):
             self.error_feedback: ErrorFeedback | None = error_feedback
@@ -168,6 +177,9 @@ class GradientSync:
         self.shapes: dict[str, torch.Size] = {}
         self.low_rank_q: dict[str, Tensor] = {}
         self._fp32_checked = False
+        #: The fused route (common.comm.fused): None fuses buckets on CUDA, True anywhere, False never.
+        self.fused = fused
+        self._fused = FusedRoute(self)
 
     @property
     def transport(self) -> str:
@@ -271,10 +283,13 @@ class GradientSync:
 
     def _reduce_flat(self, names: Sequence[str], flat: Tensor, sizes: Sequence[int]) -> Tensor:
         if self.compressor.needs.scaled_codes:
+            segments = self._fused.layout(names, flat, sizes)
+            if segments is not None:
+                return self._fused.reduce_scaled_async(list(names), flat, list(sizes), segments).wait()
             return self._reduce_scaled_codes(names, flat, sizes)
         if self.compressor.needs.low_rank:
             return reduce_low_rank(self, list(names), flat, list(sizes))
-        steps = [self._compress(*unit) for unit in self._units(names, flat, sizes)]
+        steps = self._compress_units(names, flat, sizes)
         with self.stats.phase("communicate", flat.device):
             if self.use_allreduce:
                 for work in self._all_reduce_payloads(steps, async_op=False):
@@ -295,11 +310,15 @@ class GradientSync:
         """
         world = get_world_size(self.group)
         needs = self.compressor.needs
+        if needs.scaled_codes and self.hierarchy is None:
+            segments = self._fused.layout(names, flat, sizes)
+            if segments is not None:
+                return self._fused.reduce_scaled_async(list(names), flat, list(sizes), segments)
         if world == 1 or needs.scaled_codes or needs.low_rank or self.hierarchy is not None:
             future: Future[Tensor] = Future()
             future.set_result(self.reduce_flat(names, flat, sizes))
             return future
-        steps = [self._compress(*unit) for unit in self._units(names, flat, sizes)]
+        steps = self._compress_units(names, flat, sizes)
         start = time.perf_counter()
         if not self.use_allreduce:
             keys = [list(step.payload.wire) for step in steps]
@@ -320,6 +339,13 @@ class GradientSync:
             return self._finish_all(steps, [None] * len(steps), flat)
 
         return torch.futures.collect_all(futures).then(finish)
+
+    def _compress_units(self, names: Sequence[str], flat: Tensor, sizes: Sequence[int]) -> list[_Step]:
+        """Compress a bucket: whole on the fused route where it serves, else unit by unit."""
+        segments = self._fused.layout(names, flat, sizes)
+        if segments is not None:
+            return [self._fused.compress(list(names), flat, list(sizes), segments)]
+        return [self._compress(*unit) for unit in self._units(names, flat, sizes)]
 
     def _units(
         self, names: Sequence[str], flat: Tensor, sizes: Sequence[int]
@@ -361,7 +387,8 @@ class GradientSync:
         """``gather`` (blocking or not) of every step's wire tensors, in order, in one collective."""
         return gather(
             [t for step in steps for t in step.payload.wire.values()],
-            sizes_known=self.compressor.fixed_size,
+            # a fused payload's sizes follow from the bucket's layout, whatever the compressor
+            sizes_known=self.compressor.fixed_size or all(step.fused for step in steps),
             stats=self.stats,
             group=self.group,
         )
@@ -434,6 +461,8 @@ class GradientSync:
     def _finish(self, step: _Step, gathered: list[Payload] | None) -> Tensor:
         """Decompress (the sum, or every rank's payload), divide by the world size, update the
         residual."""
+        if step.fused:
+            return self._fused.finish(step, gathered)
         world = get_world_size(self.group)
         with self.stats.phase("decompress", step.flat.device):
             # The summed payload (or every rank's) decompressed straight into the input

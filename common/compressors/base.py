@@ -30,6 +30,8 @@ from torch import Tensor
 
 from kernels.masked_compact import masked_scatter
 
+from .segments import SegmentDraws, Segments
+
 
 @dataclass
 class Payload:
@@ -220,6 +222,25 @@ class Compressor(ABC):
         out.copy_(self.aggregate(payloads).reshape(out.shape))
         return out
 
+    # -- the fused path (common.compressors.segments): a bucket in a fixed number of launches ------
+
+    def fuses(self) -> bool:
+        """Whether :meth:`compress_segments` serves these options: a whole bucket compressed with
+        each tensor's own semantics in a number of launches that does not depend on how many
+        tensors the bucket holds, with no host read. False: GradientSync compresses per tensor."""
+        return False
+
+    def compress_segments(self, flat: Tensor, segments: Segments, draws: SegmentDraws) -> Payload:
+        """The payload of the bucket ``flat`` whose tensors are ``segments``: what :meth:`compress`
+        gives each tensor, for all of them at once (wire tensors of the whole bucket, per-tensor
+        quantities as ``[S]`` tensors), its randomness from ``draws``. Only where :meth:`fuses`."""
+        raise NotImplementedError(f"compressor {self.name!r} has no fused path (fuses() is False)")
+
+    def decode_segments_into(self, payloads: Sequence[Payload], out: Tensor) -> Tensor:
+        """The sum of the decoded bucket payloads (several ranks', or one summed by an all-reduce),
+        written into ``out`` (the bucket's entries, any float dtype); returns ``out``."""
+        raise NotImplementedError(f"compressor {self.name!r} has no fused path (fuses() is False)")
+
     def __repr__(self) -> str:
         params = [p for p in inspect.signature(type(self).__init__).parameters if p != "self"]
         fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in params if hasattr(self, k))
@@ -305,6 +326,18 @@ class SparseCompressor(Compressor):
         for payload in payloads:
             out_N.index_add_(0, payload.wire["indices"].long(), payload.wire["values"].to(out_N.dtype))
         return out_N
+
+
+def scatter_sum_into(payloads: Sequence[Payload], out: Tensor) -> Tensor:
+    """Zero ``out`` and add every payload's ``values`` at its bucket positions ``indices``, in
+    payload (rank) order: a segmented sparse payload's decoding (``index_add``; a slot a sampled
+    threshold could not fill holds position ``N`` and the value 0, added to the last entry)."""
+    out_N = out.view(-1).zero_()
+    last = out_N.numel() - 1
+    for payload in payloads:  # a loop over ranks, not tensors
+        indices = payload.wire["indices"].clamp(max=last).long()
+        out_N.index_add_(0, indices, payload.wire["values"].to(out.dtype))
+    return out
 
 
 def decodes_straight_into(out: Tensor, payloads: Sequence[Payload]) -> bool:

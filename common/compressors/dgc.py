@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -62,7 +63,18 @@ from torch import Tensor
 from kernels._dispatch import use_native, use_triton
 from kernels.threshold_select import estimate_threshold, threshold_select
 
-from .base import CompressorRNG, Payload, SparseCompressor, check_density, index_dtype, num_kept
+from .base import (
+    CompressorRNG,
+    Payload,
+    SparseCompressor,
+    check_density,
+    index_dtype,
+    num_kept,
+    scatter_sum_into,
+)
+from .segments import SegmentDraws, Segments, num_kept_table
+from .select import kth_largest, segmented_topk
+from .topk import sparse_payload
 
 #: The paper's warm-up densities for the first five epochs (75 % -> 99.9 % sparsity, "exponentially
 #: increasing"); the code's README writes them rounded as [0.25, 0.063, 0.015, 0.004, 0.001].
@@ -297,3 +309,100 @@ class DGC(SparseCompressor):
         else:  # sorted explicitly: the Triton kernel's buffer is not in position order
             keep_K = torch.argsort(indices_C)[:k]
         return values_C[keep_K], indices_C[keep_K]
+
+    # -- the fused path: every tensor of a bucket at once ----------------------------------------
+
+    def fuses(self) -> bool:
+        """The default rule (magnitude truncation, strided sample, hierarchical top-k on
+        overshoot); the code's position truncation and the other variants run per tensor."""
+        return self.truncation == "magnitude" and self.strided_sample and self.resample
+
+    def compress_segments(self, flat: Tensor, segments: Segments, draws: SegmentDraws) -> Payload:
+        """Every tensor's DGC selection at once, with no host read.
+
+        Per tensor, the rule above sends the ``min(count, k)`` largest entries of those at or
+        above the adapted threshold ``T_j* = T_0 * lower_bound ** j*``: the tensor's top k,
+        less those below ``T_j*``. ``j*`` is the first round whose count reaches ``lower_bound *
+        k`` (or the last): a count reaches ``q = ceil(lower_bound * k)`` exactly when the q-th
+        largest magnitude is at or above the round's threshold, and the q-th largest is read off
+        the tensor's top k (``segmented_topk``, sorted within each tensor). So the adaptation's
+        rounds are compared on S x (rounds + 1) numbers, not on the tensor. ``T_0`` is the
+        code's strided sample's threshold, its start drawn from ``draws``' local stream (per
+        tensor: ``rng.local``). Wire: values and int32 bucket positions, k slots per tensor
+        whatever is sent (the all-gather needs no count exchange: a fixed capacity instead of the
+        code's data-dependent sizes); an unsent slot holds position N and the value 0 and is
+        counted on the wire. ``local["num_sent"]``: entries sent (a device int64).
+        """
+        plan = segments.cached(
+            ("dgc-plan", self.density, self.sample_ratio, self.lower_bound), lambda: self._plan(segments)
+        )
+        abs_N = flat.float().abs()
+        starts_S = draws.integers_below(plan.stride_S, "local")
+        positions_M = plan.base_M + starts_S.index_select(0, plan.seg_M) + plan.step_M
+        thresholds = [kth_largest(abs_N.index_select(0, positions_M), plan.seg_M, plan.rank_pos_S)]
+        for _ in range(self.max_adaptation_iters):  # rounds, not tensors: S numbers each
+            thresholds.append(thresholds[-1] * self.lower_bound)
+        t_S_J = torch.stack(thresholds, 1)
+        indices_K, valid_K, inexact_S = segmented_topk(abs_N, segments, plan.k)
+        top_K = torch.where(valid_K, abs_N.index_select(0, indices_K.clamp(max=flat.numel() - 1)), -1.0)
+        rounds = self.max_adaptation_iters
+        first_S = torch.zeros(len(segments), dtype=torch.int64, device=flat.device)
+        if rounds:  # the first round whose count reaches q, else the last
+            reached_S_J = t_S_J[:, :-1] <= top_K.index_select(0, plan.q_slot_S).unsqueeze(1)
+            first_S = torch.where(reached_S_J.any(1), reached_S_J.to(torch.int8).argmax(1), rounds)
+            first_S = torch.where(plan.whole_S, 0, first_S)
+        threshold_K = t_S_J.gather(1, first_S.unsqueeze(1)).squeeze(1).index_select(0, plan.seg_K)
+        sent_K = valid_K & (top_K >= threshold_K)
+        payload = sparse_payload(
+            flat, segments, torch.where(sent_K, indices_K, flat.numel()), sent_K, inexact_S
+        )
+        payload.local["num_sent"] = sent_K.sum()
+        self.last_selection = {"fused": True}
+        return payload
+
+    def _plan(self, segments: Segments) -> _FusedPlan:
+        k = num_kept_table(segments, self.density)
+        seg_M, step_M, base_M, stride_S, rank_pos, q_slot, whole, seg_K = [], [], [], [], [], [], [], []
+        sampled = kept = 0
+        for s, (start, n, k_s) in enumerate(zip(segments.starts, segments.sizes, k, strict=True)):
+            num_samples, stride = self.sample_plan(n)
+            seg_M.append(torch.full((num_samples,), s))
+            step_M.append(torch.arange(num_samples) * stride)
+            base_M.append(torch.full((num_samples,), start))
+            stride_S.append(stride)
+            rank_pos.append(sampled + num_kept(num_samples, self.density) - 1)
+            q_slot.append(kept + max(1, math.ceil(self.lower_bound * k_s)) - 1)
+            whole.append(num_samples == n)
+            seg_K.append(torch.full((k_s,), s))
+            sampled += num_samples
+            kept += k_s
+        device = segments.device
+        return _FusedPlan(
+            k=k,
+            seg_M=torch.cat(seg_M).to(device),
+            step_M=torch.cat(step_M).to(device),
+            base_M=torch.cat(base_M).to(device),
+            stride_S=torch.tensor(stride_S).to(device),
+            rank_pos_S=torch.tensor(rank_pos).to(device),
+            q_slot_S=torch.tensor(q_slot).to(device),
+            whole_S=torch.tensor(whole).to(device),
+            seg_K=torch.cat(seg_K).to(device),
+        )
+
+    def decode_segments_into(self, payloads: Sequence[Payload], out: Tensor) -> Tensor:
+        return scatter_sum_into(payloads, out)
+
+
+@dataclass(frozen=True)
+class _FusedPlan:
+    """A layout's tables for the fused DGC (built once per layout and density)."""
+
+    k: tuple[int, ...]
+    seg_M: Tensor  # the sample's segments
+    step_M: Tensor  # i * stride of each sample
+    base_M: Tensor  # its segment's first entry in the bucket
+    stride_S: Tensor
+    rank_pos_S: Tensor  # position of each segment's threshold in the sorted sample
+    q_slot_S: Tensor  # slot of each segment's ceil(lower_bound * k)-th largest among its kept
+    whole_S: Tensor  # sampled whole: the threshold is exact, no adaptation
+    seg_K: Tensor  # segment of each kept slot

@@ -41,8 +41,10 @@ from kernels import pack_bits, qsgd_dequantize, qsgd_dequantize_accumulate, qsgd
 from kernels._buckets import NORMS, Norm
 from kernels._dispatch import rand
 from kernels.qsgd_quantize import ALLOWED_BITS, num_levels
+from kernels.qsgd_quantize import reference as qsgd_reference
 
 from .base import CompressorRNG, DenseDecoder, Payload, check_fused_rng
+from .segments import SegmentDraws, Segments
 
 ENCODINGS = ("fixed", "elias")
 #: Elias omega values handled here are < 2**31 (gaps are at most N <= 2**31 - 2**16, levels <= 127):
@@ -434,3 +436,59 @@ class QSGD(DenseDecoder):
         return qsgd_dequantize_accumulate(
             packed_W_M, norms_W_B, payloads[0].numel, bits=self.bits, bucket_size=self.bucket_size, out=out
         )
+
+    # -- the fused path: a whole bucket, QSGD's buckets within each tensor -----------------------
+
+    def fuses(self) -> bool:
+        return self.encoding == "fixed"
+
+    def compress_segments(self, flat: Tensor, segments: Segments, draws: SegmentDraws) -> Payload:
+        """Every tensor's QSGD at once: each tensor cut into buckets of ``bucket_size`` from its
+        own first entry (as per tensor), one norm per bucket by a segmented reduction, the levels
+        of the whole bucket in one pass with ``draws``' local noise, packed together. Wire:
+        ``"norms"`` fp32 ``[Q]`` (Q: the tensors' buckets) and ``"codes"`` (``ceil(N bits / 8)``
+        bytes). Given the same norms and noise, the codes are :meth:`compress`'s bit for bit (the
+        norms' rounding may differ from the per-tensor reduction's in the last bit)."""
+        plan = segments.cached(
+            ("qsgd-plan", self.bucket_size), lambda: _qsgd_plan(segments, self.bucket_size)
+        )
+        v_N = flat if flat.dtype == torch.float32 else flat.float()
+        if self.norm == "l2":
+            norms_Q = torch.segment_reduce(v_N * v_N, "sum", lengths=plan.lengths_Q, unsafe=True).sqrt_()
+        else:
+            norms_Q = torch.segment_reduce(v_N.abs(), "max", lengths=plan.lengths_Q, unsafe=True)
+        scales_N = qsgd_reference.level_scales(norms_Q, self.bits).index_select(0, plan.qid_N)
+        codes_N = qsgd_reference.qsgd_codes(v_N, scales_N, 1, draws.uniform("local"), self.bits)
+        wire = {"norms": norms_Q, "codes": pack_bits(codes_N, self.bits)}
+        return Payload(
+            wire=wire, shape=flat.shape, dtype=flat.dtype, local={"segments": segments, "numel": flat.numel()}
+        )
+
+    def decode_segments_into(self, payloads: Sequence[Payload], out: Tensor) -> Tensor:
+        """The payloads decoded and summed in rank order (fp32), as :meth:`aggregate` per tensor."""
+        segments: Segments = payloads[0].local["segments"]
+        plan = segments.cached(
+            ("qsgd-plan", self.bucket_size), lambda: _qsgd_plan(segments, self.bucket_size)
+        )
+        packed_W_M = torch.stack([p.wire["codes"] for p in payloads])
+        norms_W_N = torch.stack([p.wire["norms"].float() for p in payloads]).index_select(1, plan.qid_N)
+        total = qsgd_reference.qsgd_dequantize_accumulate(packed_W_M, norms_W_N, segments.numel, self.bits, 1)
+        out.view(-1).copy_(total)
+        return out
+
+
+class _QSGDPlan:
+    """A layout's QSGD buckets: entries per bucket ``[Q]`` and the bucket of each entry ``[N]``."""
+
+    def __init__(self, lengths_Q: Tensor, qid_N: Tensor) -> None:
+        self.lengths_Q, self.qid_N = lengths_Q, qid_N
+
+
+def _qsgd_plan(segments: Segments, bucket_size: int) -> _QSGDPlan:
+    lengths: list[int] = []
+    for n in segments.sizes:
+        full, rest = divmod(n, bucket_size)
+        lengths += [bucket_size] * full + ([rest] if rest else [])
+    lengths_Q = torch.tensor(lengths)
+    qid_N = torch.repeat_interleave(torch.arange(len(lengths)), lengths_Q)
+    return _QSGDPlan(lengths_Q.to(segments.device), qid_N.to(segments.device))

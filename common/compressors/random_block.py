@@ -16,10 +16,13 @@ costs one random draw and a slice, no pass over the tensor; decompression writes
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
 from .base import Compressor, CompressorRNG, Payload, check_density, check_out, num_kept
+from .segments import SegmentDraws, Segments, num_kept_table
 
 
 def block_offset(numel: int, rng: CompressorRNG) -> int:
@@ -102,3 +105,64 @@ class RandomBlock(Compressor):
             flat.narrow(0, offset, n - offset).copy_(values.narrow(0, 0, n - offset))
             flat.narrow(0, 0, end - n).copy_(values.narrow(0, n - offset, end - n))
         return out
+
+    # -- the fused path: every tensor's block of a bucket at once ----------------------------------
+
+    def fuses(self) -> bool:
+        return True
+
+    def compress_segments(self, flat: Tensor, segments: Segments, draws: SegmentDraws) -> Payload:
+        """Each tensor's block at an offset from ``draws``' shared stream (the same on every rank),
+        gathered in one launch from positions computed on the device; scaled by ``n / K`` per
+        tensor when ``scaled``. The same values as :meth:`compress` per tensor at the same offsets."""
+        plan = segments.cached(("block-plan", self.density), lambda: _block_plan(segments, self.density))
+        offsets_S = draws.integers_below(segments.lengths, "shared")
+        wrapped_K = (offsets_S.index_select(0, plan.seg_K) + plan.step_K).remainder_(plan.size_K)
+        positions_K = wrapped_K.add_(plan.start_K)
+        values = flat.index_select(0, positions_K)
+        if self.scaled:
+            values = values * plan.scale_K.to(values.dtype)
+        return Payload(
+            wire={"values": values}, shape=flat.shape, dtype=flat.dtype,
+            local={"segments": segments, "positions": positions_K, "offsets": offsets_S},
+        )  # fmt: skip
+
+    def decode_segments_into(self, payloads: Sequence[Payload], out: Tensor) -> Tensor:
+        """Zero ``out`` and add each payload's blocks at their positions (positions never repeat)."""
+        out_N = out.view(-1).zero_()
+        for payload in payloads:  # ranks (one, summed, on the all-reduce route)
+            out_N.index_add_(0, payload.local["positions"], payload.wire["values"].to(out.dtype))
+        return out
+
+
+class _BlockPlan:
+    """Per kept slot of a layout: its segment, its step into the block, its tensor's size, first
+    entry and scale n / K (built once per layout and density)."""
+
+    def __init__(
+        self, seg_K: Tensor, step_K: Tensor, size_K: Tensor, start_K: Tensor, scale_K: Tensor
+    ) -> None:
+        self.seg_K, self.step_K, self.size_K, self.start_K, self.scale_K = (
+            seg_K,
+            step_K,
+            size_K,
+            start_K,
+            scale_K,
+        )
+
+
+def _block_plan(segments: Segments, density: float) -> _BlockPlan:
+    kept = num_kept_table(segments, density)
+    device = segments.device
+    seg = torch.repeat_interleave(torch.arange(len(kept)), torch.tensor(kept))
+    step = torch.cat([torch.arange(k) for k in kept])
+    sizes = torch.tensor(segments.sizes).index_select(0, seg)
+    starts = torch.tensor(segments.starts).index_select(0, seg)
+    scales = torch.tensor([n / k for n, k in zip(segments.sizes, kept, strict=True)], dtype=torch.float32)
+    return _BlockPlan(
+        seg.to(device),
+        step.to(device),
+        sizes.to(device),
+        starts.to(device),
+        scales.index_select(0, seg).to(device),
+    )

@@ -5,10 +5,23 @@ Legend: ``values_K`` the kept values, ``indices_K`` their flat positions, K = ce
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
-from .base import Compressor, CompressorRNG, Payload, check_density, check_out, index_dtype, num_kept
+from .base import (
+    Compressor,
+    CompressorRNG,
+    Payload,
+    check_density,
+    check_out,
+    index_dtype,
+    num_kept,
+    scatter_sum_into,
+)
+from .segments import SegmentDraws, Segments, num_kept_table
+from .select import segmented_topk
 
 
 class RandomK(Compressor):
@@ -65,3 +78,47 @@ class RandomK(Compressor):
         indices = payload.local["indices"] if self.shared_indices else payload.wire["indices"]
         out.view(-1).zero_().index_copy_(0, indices.long(), payload.wire["values"].to(out.dtype))
         return out
+
+    # -- the fused path: every tensor's random k of a bucket at once -------------------------------
+
+    def fuses(self) -> bool:
+        return True
+
+    def compress_segments(self, flat: Tensor, segments: Segments, draws: SegmentDraws) -> Payload:
+        """Each tensor's K entries chosen uniformly without replacement: the K largest of a
+        random number per entry (``draws``, shared or local stream), taken with ``segmented_topk``
+        of a per-entry hash (:meth:`SegmentDraws.priorities`). The same distribution as :meth:`compress`'s ``randperm``, another stream.
+        Wire: values (and int32 bucket positions unless ``shared_indices``)."""
+        k = segments.cached(("kept", self.density), lambda: num_kept_table(segments, self.density))
+        priority_N = draws.priorities("shared" if self.shared_indices else "local")
+        indices_K, valid_K, inexact_S = segmented_topk(priority_N, segments, k)
+        values_K = flat.index_select(0, indices_K.clamp(max=flat.numel() - 1))
+        values_K = torch.where(valid_K, values_K, torch.zeros((), dtype=values_K.dtype, device=flat.device))
+        if self.scaled:
+            scale_S = segments.cached(
+                ("randomk-scale", self.density),
+                lambda: segments.host_table(
+                    [n / kk for n, kk in zip(segments.sizes, k, strict=True)], torch.float32
+                ),
+            )
+            seg_K = segments.cached(
+                ("randomk-seg", self.density),
+                lambda: torch.repeat_interleave(torch.arange(len(k)), torch.tensor(k)).to(segments.device),
+            )
+            values_K = values_K * scale_S.index_select(0, seg_K).to(values_K.dtype)
+        local = {"segments": segments, "inexact": inexact_S}
+        if self.shared_indices:
+            return Payload(
+                wire={"values": values_K},
+                shape=flat.shape,
+                dtype=flat.dtype,
+                local={**local, "indices": indices_K},
+            )
+        wire = {"values": values_K, "indices": indices_K.to(torch.int32)}
+        return Payload(wire=wire, shape=flat.shape, dtype=flat.dtype, local=local)
+
+    def decode_segments_into(self, payloads: Sequence[Payload], out: Tensor) -> Tensor:
+        if self.shared_indices:
+            indices = payloads[0].local["indices"]
+            payloads = [p.with_wire({"values": p.wire["values"], "indices": indices}) for p in payloads]
+        return scatter_sum_into(payloads, out)

@@ -26,6 +26,7 @@ from torch import Tensor
 from kernels import pack_bits, unpack_bits
 
 from .base import Compressor, CompressorRNG, Payload
+from .segments import SegmentDraws, Segments
 
 VOTES = ("mean", "majority")
 
@@ -79,3 +80,37 @@ class SignSGD(Compressor):
             total += self._signs(payload)
         first = payloads[0]
         return (torch.sign(total) * len(payloads)).to(first.dtype).reshape(first.shape)
+
+    # -- the fused path: a whole bucket's signs, one l1 scale per tensor ---------------------------
+
+    def fuses(self) -> bool:
+        return True
+
+    def compress_segments(self, flat: Tensor, segments: Segments, draws: SegmentDraws) -> Payload:
+        """The bucket's signs packed together (``8 ceil(N / 8)`` bits) and, when ``scaled``, each
+        tensor's ``||x||_1 / n`` as fp32 ``[S]`` (32 bits per tensor): the per-tensor payloads'
+        content in one launch each. The scales are segmented means (their rounding may differ
+        from a per-tensor ``mean()`` in the last bit); the signs are the same bits."""
+        wire = {"signs": pack_bits((flat < 0).to(torch.uint8), 1)}
+        if self.scaled:
+            wire["scale"] = segments.reduce(flat.float().abs(), "mean")
+        return Payload(wire=wire, shape=flat.shape, dtype=flat.dtype, local={"segments": segments})
+
+    def decode_segments_into(self, payloads: Sequence[Payload], out: Tensor) -> Tensor:
+        """``"mean"``: the sum of the decoded payloads (rank order, as :meth:`aggregate`);
+        ``"majority"``: W times the sign of the summed signs."""
+        segments: Segments = payloads[0].local["segments"]
+        out_N = out.view(-1)
+        total = None
+        for payload in payloads:  # ranks
+            signs = self._signs(payload)
+            if self.scaled:
+                signs = signs.mul_(segments.expand(payload.wire["scale"]))
+            if self.vote == "mean":
+                signs = signs.to(payload.dtype)
+            total = signs if total is None else total.add_(signs)
+        assert total is not None
+        if self.vote == "majority":
+            total = torch.sign(total).mul_(len(payloads))
+        out_N.copy_(total)
+        return out

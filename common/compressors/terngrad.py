@@ -58,8 +58,10 @@ from torch import Tensor
 
 from kernels import scale_values, ternarize, ternary_decode_accumulate, ternary_values
 from kernels._dispatch import rand
+from kernels.ternarize import reference as ternary_reference
 
 from .base import CompressorRNG, DenseDecoder, Needs, Payload, check_fused_rng
+from .segments import SegmentDraws, Segments
 
 CODE_TRANSPORTS = ("auto", "allgather", "allreduce")
 CLIP_RULES = ("shared", "own")
@@ -265,3 +267,80 @@ class TernGrad(DenseDecoder):
             return out.view(tuple(shape))
         decoded = scale_values(code_sum, scaler)  # one compiled pass on CPU for int8 / int16 sums
         return decoded.reshape(tuple(shape)).to(dtype)
+
+    # -- the fused path: a whole bucket, one scaler per tensor ------------------------------------
+
+    def fuses(self) -> bool:
+        return True
+
+    def _segment_bounds(self, x32: Tensor, segments: Segments) -> tuple[Tensor | None, Tensor]:
+        """``(c * sigma per tensor or None without clipping, max |x| per tensor)``: sigma the
+        population std (two segmented passes: the mean, then the mean squared deviation)."""
+        largest_S = segments.reduce(x32.abs(), "max")
+        if self.clip is None:
+            return None, largest_S
+        mean_S = segments.reduce(x32, "mean")
+        deviation_N = x32 - segments.expand(mean_S)
+        sigma_S = segments.reduce(deviation_N * deviation_N, "mean").sqrt_()
+        bound_S = torch.where(sigma_S > 0, self.clip * sigma_S, torch.full_like(sigma_S, math.inf))
+        return bound_S, largest_S
+
+    def scalers_segments(self, x: Tensor, segments: Segments) -> Tensor:
+        """fp32 ``[S]``: :meth:`scaler` of every tensor of the bucket ``x`` (segmented reductions:
+        their rounding may differ from the per-tensor ``std`` / ``amax`` in the last bit)."""
+        bound_S, largest_S = self._segment_bounds(x.float(), segments)
+        if bound_S is None:
+            return largest_S
+        if self.clip_at == "shared":
+            return torch.where(torch.isinf(bound_S), largest_S, bound_S)
+        return torch.minimum(largest_S, bound_S)  # max |clamp(x, -b, b)| = min(max |x|, b)
+
+    def compress_segments(
+        self,
+        flat: Tensor,
+        segments: Segments,
+        draws: SegmentDraws,
+        scaler: Tensor | None = None,
+        own: Tensor | None = None,
+    ) -> Payload:
+        """Every tensor's ternary codes at once, packed together (``8 ceil(N / 4)`` bits) with one
+        fp32 scaler per tensor (``"scaler"``, ``[S]``): ``scaler`` the agreed ones (else this
+        rank's own, ``own`` if already computed). The agreed scalers must be >= this rank's
+        (checked on the device: ``torch._assert_async``, no host read). Given the same scalers and
+        noise (``draws``' local stream) the codes are :meth:`compress`'s bit for bit."""
+        x32 = flat.float()
+        if own is None:
+            own = self.scalers_segments(x32, segments)
+        s_S = own if scaler is None else scaler
+        if scaler is not None:
+            torch._assert_async(
+                ((s_S >= 0) & (own <= s_S * (1 + SCALER_SLACK))).all(),
+                "TernGrad: an agreed scaler is below this rank's own (the max over ranks must be >= it)",
+            )
+        g_N = x32
+        if self.clip_at == "own" and self.clip is not None:
+            bound_S, _ = self._segment_bounds(x32, segments)
+            assert bound_S is not None
+            bound_N = segments.expand(bound_S)
+            g_N = torch.clamp(x32, min=-bound_N, max=bound_N)
+        packed_M = ternary_reference.ternarize(g_N, segments.expand(s_S), 1, draws.uniform("local"))
+        return Payload(
+            wire={"codes": packed_M, "scaler": s_S}, shape=flat.shape, dtype=flat.dtype,
+            local={"numel": flat.numel(), "segments": segments},
+        )  # fmt: skip
+
+    def decode_segments_into(self, payloads: Sequence[Payload], out: Tensor) -> Tensor:
+        """The payloads' ``s * t`` summed in rank order (fp32), as :meth:`aggregate` per tensor."""
+        segments: Segments = payloads[0].local["segments"]
+        packed_W_M = torch.stack([p.wire["codes"] for p in payloads])
+        scalers_W_N = torch.stack([p.wire["scaler"].float() for p in payloads]).index_select(1, segments.ids)
+        total = ternary_reference.ternary_decode_accumulate(packed_W_M, scalers_W_N, segments.numel, 1)
+        out.view(-1).copy_(total)
+        return out
+
+    def decode_sum_segments(
+        self, code_sum: Tensor, scalers_S: Tensor, segments: Segments, out: Tensor
+    ) -> Tensor:
+        """``s * code_sum`` per tensor into ``out`` (the summed codes of ranks that shared ``scalers_S``)."""
+        torch.mul(code_sum.to(torch.float32), segments.expand(scalers_S.float()), out=out.view(-1))
+        return out

@@ -19,11 +19,22 @@ top-k 1 % and error feedback through the hook went from 1.99x to 1.47x a step wi
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
-from .base import CompressorRNG, Payload, SparseCompressor, check_density, index_dtype, num_kept
+from .base import (
+    CompressorRNG,
+    Payload,
+    SparseCompressor,
+    check_density,
+    index_dtype,
+    num_kept,
+    scatter_sum_into,
+)
+from .segments import SegmentDraws, Segments, num_kept_table
+from .select import segmented_topk
 
 # Below this many entries, or when K is over a quarter of them, one top-k over everything is as cheap.
 SAMPLED_MIN_NUMEL = 1 << 15
@@ -77,3 +88,37 @@ class TopK(SparseCompressor):
             shape=x.shape,
             dtype=x.dtype,
         )
+
+    # -- the fused path: every tensor's top-k of a bucket at once (common.compressors.select) ------
+
+    def fuses(self) -> bool:
+        return True
+
+    def compress_segments(self, flat: Tensor, segments: Segments, draws: SegmentDraws) -> Payload:
+        """Each tensor's ``ceil(density * n)`` largest entries (``segmented_topk``: the same
+        entries as :meth:`compress` per tensor, ties aside). Wire: ``values`` and int32 bucket
+        positions ``indices``; ``local["inexact"]``: bool ``[S]``, segments whose sampled threshold
+        missed (module docstring of ``select``; about 8 standard deviations)."""
+        return sparse_payload(
+            flat, segments, *segmented_topk(flat.float().abs(), segments, self._kept(segments))
+        )
+
+    def _kept(self, segments: Segments) -> tuple[int, ...]:
+        return segments.cached(("kept", self.density), lambda: num_kept_table(segments, self.density))
+
+    def decode_segments_into(self, payloads: Sequence[Payload], out: Tensor) -> Tensor:
+        return scatter_sum_into(payloads, out)
+
+
+def sparse_payload(
+    flat: Tensor, segments: Segments, indices_K: Tensor, valid_K: Tensor, inexact_S: Tensor
+) -> Payload:
+    """A segmented sparse payload: the values at ``indices_K`` (0 in a slot that holds none)."""
+    values_K = flat.index_select(0, indices_K.clamp(max=flat.numel() - 1))
+    values_K = torch.where(valid_K, values_K, torch.zeros((), dtype=values_K.dtype, device=values_K.device))
+    return Payload(
+        wire={"values": values_K, "indices": indices_K.to(torch.int32)},
+        shape=flat.shape,
+        dtype=flat.dtype,
+        local={"segments": segments, "inexact": inexact_S, "valid": valid_K},
+    )

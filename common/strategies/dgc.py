@@ -18,6 +18,7 @@ from ..comm.sync import GradientSync
 from ..compressors import build_compressor
 from ..compressors.base import Compressor, CompressorRNG, Payload
 from ..compressors.dgc import warmup_density
+from ..compressors.segments import SegmentDraws, Segments
 from ..feedback import MomentumCorrection
 from ..options import Options
 from .base import MethodNeeds, SyncStrategy, _broadcast_module_state, compressed_update_arguments
@@ -30,7 +31,8 @@ class _CountingSparsifier(Compressor):
     """Delegates to a sparsifier and counts, from the wire, how many entries it sent out of how many.
 
     Biased, not linear and of variable size whatever the inner one says (a fixed-size top-k then
-    pays a count exchange it could skip; DGC's sizes vary anyway)."""
+    pays a count exchange it could skip; DGC's sizes vary anyway). On the fused route the count of
+    entries sent is a device tensor, added up on the device and read only when ``sent`` is."""
 
     name = "sparsifier"
     linear = False
@@ -39,12 +41,25 @@ class _CountingSparsifier(Compressor):
 
     def __init__(self, inner: Compressor) -> None:
         self.inner = inner
-        self.sent = 0
+        self._sent = 0
+        self._sent_on_device: Tensor | None = None
         self.seen = 0
+
+    @property
+    def sent(self) -> int:
+        """Entries sent so far (reads the fused route's device count: call it to report, not per step)."""
+        if self._sent_on_device is not None:
+            self._sent += int(self._sent_on_device)
+            self._sent_on_device = None
+        return self._sent
+
+    @sent.setter
+    def sent(self, value: int) -> None:
+        self._sent, self._sent_on_device = int(value), None
 
     def compress(self, x: Tensor, rng: CompressorRNG) -> Payload:
         payload = self.inner.compress(x, rng)
-        self.sent += payload.wire["values"].numel()
+        self._sent += payload.wire["values"].numel()
         self.seen += x.numel()
         return payload
 
@@ -62,6 +77,22 @@ class _CountingSparsifier(Compressor):
 
     def aggregate_into(self, payloads: Sequence[Payload], out: Tensor) -> Tensor:
         return self.inner.aggregate_into(payloads, out)
+
+    def fuses(self) -> bool:
+        return self.inner.fuses()
+
+    def compress_segments(self, flat: Tensor, segments: Segments, draws: SegmentDraws) -> Payload:
+        payload = self.inner.compress_segments(flat, segments, draws)
+        sent = payload.local.get("num_sent")
+        if sent is None:  # top-k: every slot is an entry sent
+            self._sent += payload.wire["values"].numel()
+        else:
+            self._sent_on_device = sent if self._sent_on_device is None else self._sent_on_device + sent
+        self.seen += flat.numel()
+        return payload
+
+    def decode_segments_into(self, payloads: Sequence[Payload], out: Tensor) -> Tensor:
+        return self.inner.decode_segments_into(payloads, out)
 
 
 @dataclass(frozen=True)
@@ -141,6 +172,7 @@ class DGCDataParallel(SyncStrategy):
         options: Mapping[str, Any] | DGCOptions | None = None,
         bucket_numel: int | None = None,
         seed: int = 0,
+        fused: bool | None = None,
     ) -> None:
         if compressor.linear or compressor.density is None:
             raise ValueError(
@@ -169,10 +201,13 @@ class DGCDataParallel(SyncStrategy):
             compress_per_tensor=True,
             seed=seed,
             stats=self.stats,
+            fused=fused,
         )
         self.dense = GradientSync(
             build_compressor("identity"), bucket_numel=bucket_numel, seed=seed, stats=self.stats
         )
+        # per DDP bucket (names): the positions of its sparsified and of its dense entries
+        self._routes: dict[tuple[str, ...], tuple[_Route, _Route]] = {}
         self.wd_momentum: dict[str, Tensor] = {}
         self._after_warmup: list[int] | None = None
 
@@ -225,19 +260,20 @@ class DGCDataParallel(SyncStrategy):
         """With momentum correction: the sparsified tensors' weight decay, never communicated, with
         its own momentum, added to their averaged gradients (the code's ``DGCSGD``)."""
         sparse, _ = self._split(model)
-        if self.options.momentum_correction and self.weight_decay:
-            with torch.no_grad():
-                for name, p in sparse:
-                    if p.grad is None:
-                        continue
-                    buf = self.wd_momentum.get(name)
-                    buf = (
-                        p.detach() * self.weight_decay
-                        if buf is None
-                        else buf.mul_(self.momentum).add_(p, alpha=self.weight_decay)
-                    )
-                    self.wd_momentum[name] = buf
-                    p.grad.add_(buf)
+        if not (self.options.momentum_correction and self.weight_decay):
+            return
+        with torch.no_grad():
+            named = [(n, p) for n, p in sparse if p.grad is not None]
+            fresh = [(n, p) for n, p in named if n not in self.wd_momentum]
+            kept = [(n, p) for n, p in named if n in self.wd_momentum]
+            if fresh:  # the first step: m_wd = wd p
+                bufs = torch._foreach_mul([p.detach() for _, p in fresh], self.weight_decay)
+                self.wd_momentum.update((name, buf) for (name, _), buf in zip(fresh, bufs, strict=True))
+            if kept:  # m_wd = m m_wd + wd p, for every tensor in one launch (torch._foreach_*)
+                bufs = [self.wd_momentum[n] for n, _ in kept]
+                torch._foreach_mul_(bufs, self.momentum)
+                torch._foreach_add_(bufs, [p.detach() for _, p in kept], alpha=self.weight_decay)
+            torch._foreach_add_([p.grad for _, p in named], [self.wd_momentum[n] for n, _ in named])
 
     def before_eval(self, model: nn.Module) -> None:
         _broadcast_module_state(model, "buffers")
@@ -286,28 +322,46 @@ class DGCDataParallel(SyncStrategy):
         """The mean of one DDP bucket, as a future (the hook's work): its sparsified tensors
         through the sparse sync (their all-gather in the background, so that it overlaps the rest
         of the backward pass), the rest densely, then written back into ``flat``. Compression and
-        momentum correction run now; decompression when the collectives complete."""
-        parts = list(flat.split(list(sizes)))
-        pending: list[tuple[Future[Tensor], list[Tensor], list[int]]] = []
-        for route, sync in ((True, self.sparse), (False, self.dense)):
-            chosen = [
-                (names[i], parts[i]) for i in range(len(names)) if (names[i] in self._sparse_names) == route
-            ]
-            for bucket in sync.buckets(chosen) if chosen else []:
-                tensors = [t for _, t in bucket]
-                bucket_sizes = [t.numel() for t in tensors]
-                bucket_flat = tensors[0] if len(tensors) == 1 else torch.cat(tensors)
-                future = sync.reduce_flat_async([n for n, _ in bucket], bucket_flat, bucket_sizes)
-                pending.append((future, tensors, bucket_sizes))
+        momentum correction run now; decompression when the collectives complete. Each route's
+        entries are gathered from the bucket and written back in one op each (their positions are
+        built once per bucket layout)."""
+        key = tuple(names)
+        if key not in self._routes:
+            self._routes[key] = self._bucket_routes(names, sizes, flat.device)
+        pending: list[tuple[Future[Tensor], _Route]] = []
+        for route, sync in zip(self._routes[key], (self.sparse, self.dense), strict=True):
+            if route.names:
+                part = flat if route.index is None else flat.index_select(0, route.index)
+                pending.append((sync.reduce_flat_async(route.names, part, route.sizes), route))
 
         def written_back(_: Future[list[Future[Tensor]]]) -> Tensor:
-            for future, tensors, bucket_sizes in pending:
-                for t, part in zip(tensors, future.value().split(bucket_sizes), strict=True):
-                    if part.data_ptr() != t.data_ptr():
-                        t.copy_(part)
+            for future, route in pending:
+                mean = future.value()
+                if route.index is None:
+                    if mean.data_ptr() != flat.data_ptr():
+                        flat.copy_(mean)
+                else:
+                    flat.index_copy_(0, route.index, mean)
             return flat
 
-        return torch.futures.collect_all([future for future, _, _ in pending]).then(written_back)
+        return torch.futures.collect_all([future for future, _ in pending]).then(written_back)
+
+    def _bucket_routes(
+        self, names: Sequence[str], sizes: Sequence[int], device: torch.device
+    ) -> tuple[_Route, _Route]:
+        """The sparsified and the dense tensors of a DDP bucket, with their entries' positions
+        (None for a route that is the whole bucket)."""
+        starts = [0]
+        for size in sizes[:-1]:
+            starts.append(starts[-1] + size)
+        routes = []
+        for sparse in (True, False):
+            chosen = [i for i, name in enumerate(names) if (name in self._sparse_names) == sparse]
+            index = None
+            if chosen and len(chosen) < len(names):
+                index = torch.cat([torch.arange(starts[i], starts[i] + sizes[i]) for i in chosen]).to(device)
+            routes.append(_Route([names[i] for i in chosen], [sizes[i] for i in chosen], index))
+        return routes[0], routes[1]
 
     def metrics(self) -> dict[str, float]:
         """The density this rank actually sent (entries sent / entries of the sparsified tensors)
@@ -339,3 +393,13 @@ class DGCDataParallel(SyncStrategy):
         self.wd_momentum = {k: v.clone() for k, v in state["wd_momentum"].items()}
         self.compressor.sent, self.compressor.seen = state["counts"]
         self._after_warmup = state.get("after_warmup")
+
+
+@dataclass
+class _Route:
+    """The tensors of a DDP bucket that take one of DGC's two routes, and their entries' positions
+    in the bucket (None: all of it)."""
+
+    names: list[str]
+    sizes: list[int]
+    index: Tensor | None

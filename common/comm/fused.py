@@ -1,0 +1,166 @@
+"""GradientSync's fused route: a bucket compressed in a fixed number of launches, no host read.
+
+Where the compressor :meth:`~common.compressors.base.Compressor.fuses` and the route is on (by
+default on CUDA tensors; ``GradientSync(fused=True)`` anywhere, ``False`` never), a bucket is one
+unit whose tensors are the segments of :mod:`common.compressors.segments`: compensated in one
+pass (error feedback keeps one flat residual per bucket), compressed with each tensor's own
+semantics in one call, sent in one collective, decoded in one call. Per-tensor quantities (a
+scaler, a norm, a threshold, a block's offset, a count) stay tensors on the device; what the host
+needs (the payload sizes an all-gather exchanges) follows from the layout, never from the data.
+
+TernGrad's route (``needs.scaled_codes``) returns a chain of futures, as PyTorch's PowerSGD hook
+does: the max all-reduce of the scalers, then the codes' collective, then the decoding, each
+started by the previous one's completion, so a DDP hook returns at once.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, cast
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torch.futures import Future
+
+from ..compressors.base import Payload
+from ..compressors.segments import SegmentDraws, Segments
+from .collectives import all_gather_variable_async, get_rank, get_world_size
+
+if TYPE_CHECKING:
+    from .sync import GradientSync
+
+
+def fused_enabled(setting: bool | None, device: torch.device) -> bool:
+    """``GradientSync(fused=...)``: None (default) fuses on CUDA, where launches and host reads
+    cost the step; on a CPU the per-tensor route's compiled kernels are the faster."""
+    return device.type == "cuda" if setting is None else setting
+
+
+class FusedRoute:
+    """The fused route of one :class:`~common.comm.sync.GradientSync` (its layouts, by bucket)."""
+
+    def __init__(self, sync: GradientSync) -> None:
+        self.sync = sync
+        self._layouts: dict[tuple[Any, ...], Segments] = {}
+
+    def layout(self, names: Any, flat: Tensor, sizes: Any) -> Segments | None:
+        """The segments of this bucket if the fused route serves it, else None (per tensor)."""
+        sync, compressor = self.sync, self.sync.compressor
+        if not fused_enabled(sync.fused, flat.device) or compressor.elementwise or not compressor.fuses():
+            return None
+        if compressor.needs.dense_tensors and any(
+            compressor.keeps_fp32(n, z) for n, z in zip(names, sizes, strict=True)
+        ):
+            return None  # TernGrad's fp32 exceptions: the per-tensor route sends them densely
+        if sync.compress_per_tensor:
+            seg_names, seg_sizes = tuple(names), tuple(sizes)
+        else:  # the bucket as one tensor: one segment, keyed as the per-tensor route keys the unit
+            seg_names, seg_sizes = ("+".join(names),), (flat.numel(),)
+        key = (seg_names, seg_sizes, flat.device)
+        segments = self._layouts.get(key)
+        if segments is None:
+            segments = self._layouts[key] = Segments(seg_names, seg_sizes, flat.device)
+        return segments
+
+    def draws(self, segments: Segments) -> SegmentDraws:
+        """This compression's randomness: per tensor, keyed by how many times it was compressed
+        (``sync._draws``, the per-tensor route's counts: a checkpoint holds them)."""
+        counts = self.sync._draws
+        now = [counts.get(name, 0) for name in segments.names]
+        for name, count in zip(segments.names, now, strict=True):  # host dict updates, no launch
+            counts[name] = count + 1
+        return SegmentDraws(segments, self.sync.seed, get_rank(self.sync.group), now)
+
+    def compress(self, names: list[str], flat: Tensor, sizes: list[int], segments: Segments) -> Any:
+        """Compensate, compress the whole bucket, and update the residual (what this rank sends
+        is known now: the residual does not wait for the collective)."""
+        from .sync import _Step
+
+        sync = self.sync
+        ef, compressor = sync.error_feedback, sync.compressor
+        with sync.stats.phase("compress", flat.device):
+            compensated = ef.compensate(names, flat, sizes, segments) if ef is not None else flat
+            payload = compressor.compress_segments(compensated, segments, self.draws(segments))
+            if ef is not None:
+                sent = compressor.decode_segments_into([payload], torch.empty_like(compensated))
+                ef.update(names, compensated, sent, sizes)
+        return _Step(names, sizes, flat, compensated, payload, None, fused=True)
+
+    def finish(self, step: Any, gathered: list[Payload] | None) -> Tensor:
+        """Decode the sum (or every rank's payload) into the bucket and divide by the world size."""
+        sync = self.sync
+        world = get_world_size(sync.group)
+        with sync.stats.phase("decompress", step.flat.device):
+            payloads = [step.payload] if gathered is None else gathered
+            mean = sync.compressor.decode_segments_into(payloads, step.flat).view(-1).div_(world)
+        if world > 1:
+            sync.stats.dense_bits += step.flat.numel() * 32
+        return mean
+
+    # -- scaled codes (TernGrad): three rounds, chained -----------------------------------------
+
+    def reduce_scaled_async(
+        self, names: list[str], flat: Tensor, sizes: list[int], segments: Segments
+    ) -> Future[Tensor]:
+        """The mean of the bucket through TernGrad's route (module docstring), as a future."""
+        sync = self.sync
+        compressor: Any = sync.compressor
+        ef, stats, world, device = sync.error_feedback, sync.stats, get_world_size(sync.group), flat.device
+        with stats.phase("compress", device):
+            compensated = ef.compensate(names, flat, sizes, segments) if ef is not None else flat
+            own_S = compressor.scalers_segments(compensated, segments)
+        draws = self.draws(segments)
+        shared = compressor.needs.scaler_round == "max"
+        agreed = _all_reduce_async(own_S.clone(), dist.ReduceOp.MAX, sync) if shared else _done(own_S)
+        route = sync._code_route(world)
+        stats.routes[f"{compressor.name}-{'int8-allreduce' if route == 'allreduce' else 'allgather'}"] += len(
+            segments
+        )
+
+        def encode(done: Future[Tensor]) -> tuple[Tensor, Any]:
+            scalers_S = done.value()
+            with stats.phase("compress", device):
+                payload = compressor.compress_segments(
+                    compensated, segments, draws, scaler=scalers_S if shared else None, own=own_S
+                )
+                if ef is not None:
+                    sent = compressor.decode_segments_into([payload], torch.empty_like(compensated))
+                    ef.update(names, compensated, sent, sizes)
+            if route == "allreduce":
+                code_sum = compressor.codes(payload).to(torch.int8 if world <= 127 else torch.int16)
+                return scalers_S, _all_reduce_async(code_sum, dist.ReduceOp.SUM, sync).wait()
+            wire = list(payload.wire.values())
+            gathered = all_gather_variable_async(wire, sizes_known=True, stats=stats, group=sync.group).wait()
+            keys = list(payload.wire)
+            return scalers_S, [payload.with_wire(dict(zip(keys, rank, strict=True))) for rank in gathered]
+
+        def decode(done: Future[tuple[Tensor, Any]]) -> Tensor:
+            scalers_S, received = done.value()
+            with stats.phase("decompress", device):
+                if route == "allreduce":
+                    total = compressor.decode_sum_segments(received, scalers_S, segments, flat)
+                else:
+                    total = compressor.decode_segments_into(received, flat)
+                mean = total.view(-1).div_(world)
+            if world > 1:
+                stats.dense_bits += flat.numel() * 32
+            return mean
+
+        return cast(Future[Tensor], agreed.then(encode).then(decode))
+
+
+def _done(value: Any) -> Future[Any]:
+    future: Future[Any] = Future()
+    future.set_result(value)
+    return future
+
+
+def _all_reduce_async(tensor: Tensor, op: Any, sync: GradientSync) -> Future[Tensor]:
+    """An all-reduce in the background (counted in the stats), as a future of the tensor; at
+    world size 1 nothing is sent and the future is done."""
+    if get_world_size(sync.group) == 1:
+        return _done(tensor)
+    work = dist.all_reduce(tensor, op=op, group=sync.group, async_op=True)
+    assert work is not None
+    sync.stats.add_call("all_reduce", tensor.numel() * tensor.element_size() * 8)
+    return work.get_future().then(lambda _: tensor)
