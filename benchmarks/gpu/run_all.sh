@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Everything a GPU machine should check, in one go, in under 10 minutes on one GPU (never in CI):
+# Everything a GPU machine should check, in one go, on one GPU (never in CI); each step has its own
+# timeout (at most 14.5 minutes in all):
 #   1. the GPU tests (the compiled Triton kernels against their references): pytest -m gpu
 #   2. every kernel benchmark, compiled (benchmarks/kernels/run_all.sh -> results/kernels.csv)
 #   3. the paper-scale models' step time through GradientSync on NCCL (results/gpu_models.md)
+#   4. a DDP step with every compression method against no hook, with its kernel launches, syncs
+#      and host reads, at world size 1 (results/gpu_ddp_step.md, .csv; under 5 minutes)
 # Logs go to benchmarks/results/gpu_run_all.log. On the device machine:
 #
 #   bash benchmarks/gpu/run_all.sh            # sets up .venv if needed
@@ -29,6 +32,9 @@ status=0
     gpus="$("$python" -c 'import torch; print(max(torch.cuda.device_count(), 1))')"
     timeout 180 "$python" -m torch.distributed.run --standalone --nproc_per_node "$gpus" \
         benchmarks/gpu/bench_models.py --steps 10 --warmup 3 || status=1
+    echo "== DDP step with every compression method on NCCL"
+    timeout 330 "$python" -m torch.distributed.run --standalone --nproc_per_node 1 \
+        benchmarks/gpu/bench_ddp_step.py || status=1
     echo "== done, status $status"
 } 2>&1 | tee "$log"
 exit $status
