@@ -45,17 +45,25 @@ class LossScaler:
         scale = self.scale
         return lambda output, target: loss_fn(output, target) * scale
 
-    def unscale_(self, params: Sequence[Tensor]) -> bool:
+    def unscale_(self, params: Sequence[Tensor], device: torch.device | None = None) -> bool:
         """Divide every gradient by the scale, in place; True when every gradient on every rank is
-        finite (then the step may go on), False when any is not (every rank skips it)."""
+        finite (then the step may go on), False when any is not (every rank skips it).
+
+        ``device``: where the process group's collectives run (the gradients' device: CUDA with
+        NCCL, the CPU with gloo); default the first gradient's, else the CPU."""
         grads = [p.grad for p in params if p.grad is not None]
-        bad = torch.zeros((), dtype=torch.float32)
-        if grads:
-            torch._foreach_mul_(grads, 1.0 / self.scale)
-            bad = torch.stack([torch.logical_not(torch.isfinite(g).all()) for g in grads]).any().float().cpu()
+        if device is None:
+            device = grads[0].device if grads else torch.device("cpu")
+        found_inf = torch.zeros((), dtype=torch.float32, device=device)
+        if grads:  # GradScaler's fused kernel: multiply by 1/scale and flag any inf or NaN, one pass
+            inv_scale = torch.full((), 1.0 / self.scale, dtype=torch.float32, device=device)
+            torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale)
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(bad, op=dist.ReduceOp.MAX)  # instrumentation-sized: not counted as traffic
-        return not bool(bad)
+            dist.all_reduce(found_inf, op=dist.ReduceOp.MAX)  # instrumentation-sized: not counted as traffic
+        # The step's one host read of a device value (a device sync on CUDA): the loop must know
+        # now whether to send the gradients and step the optimizer. torch.amp.GradScaler reads its
+        # found_inf here too for optimizers without a fused inf check (GradScaler._maybe_opt_step).
+        return not bool(found_inf)
 
     def update(self, finite: bool) -> None:
         """Back off (and count a skipped step) after a non-finite step; grow after enough clean ones."""

@@ -55,6 +55,7 @@ from .methods import strategy_class
 from .models import build_model
 from .paths import REPO_ROOT
 from .plots import plot_curves
+from .step_time import StepTimes
 from .strategies import SyncStrategy
 from .tracking import Tracker, loaded_git_sha
 
@@ -71,10 +72,16 @@ class StepInfo:
     total_steps: int
     epoch: int
     rank: int
-    loss: float  # this rank's loss at this step
+    step_loss: Tensor  # this rank's loss at this step, on the device (see ``loss``)
     logged: dict[str, float] = field(default_factory=dict)  # mean-over-ranks values, on log steps
     last: bool = False  # the run's last step (total_steps, or where stop_at was reached)
     seconds: float = 0.0  # this step's time on this rank, as the loop times it (not the evaluation)
+
+    @property
+    def loss(self) -> float:
+        """This rank's loss at this step. Reading it waits for the device (the loop itself reads
+        losses only at log steps): a callback that needs no per-step value reads ``logged``."""
+        return float(self.step_loss)
 
 
 Callback = Callable[[StepInfo], None]
@@ -206,7 +213,10 @@ def evaluate(
     model.eval()
     loss_fn = _loss_fn(dataset.info.kind)
     indices = torch.arange(ctx.rank, len(dataset), ctx.world_size)
-    totals = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, count
+    # loss sum and correct predictions accumulate on the device (read once, after the last batch)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=ctx.device)
+    correct = torch.zeros((), dtype=torch.float64, device=ctx.device)
+    count = 0
     for batch in indices.split(batch_size):
         x, y = dataset.get_batch(batch)
         x, y = x.to(ctx.device), y.to(ctx.device)
@@ -218,11 +228,13 @@ def evaluate(
         else:
             logits = model(x)
         n = y.numel()
-        totals[0] += float(loss_fn(logits, y)) * n
-        totals[1] += float((logits.argmax(-1) == y).sum())
-        totals[2] += n
+        loss_sum += loss_fn(logits, y).double() * n
+        correct += (logits.argmax(-1) == y).sum()
+        count += n
+    totals = torch.stack([loss_sum, correct, loss_sum.new_tensor(float(count))])
     if get_world_size() > 1:
         dist.all_reduce(totals)
+    totals = totals.cpu()
     model.train()
     loss = float(totals[0] / totals[2])
     out = {"test_loss": loss, "test_accuracy": float(totals[1] / totals[2])}
@@ -303,7 +315,7 @@ class _Run:
     log_every: int
     step: int = 0
     elapsed: float = 0.0
-    window: list[float] = field(default_factory=lambda: [0.0, 0])  # loss sum, steps since the last log
+    window_steps: int = 0  # steps since the last log (their loss sum: window_loss)
     non_comm: list[float] = field(default_factory=list)  # per step: this rank's time outside communication
     train_rows: list[dict[str, Any]] = field(default_factory=list)
     eval_rows: list[dict[str, Any]] = field(default_factory=list)
@@ -314,8 +326,22 @@ class _Run:
     step_seconds: float = 0.0  # the last step's time (StepInfo.seconds)
     loss_scaler: LossScaler | None = None  # precision fp16
     artifacts_dir: Path = Path()  # model.pt and ckpt/ (train() sets it: out_dir unless given)
+    # On the device, read at log steps and checkpoints only (no host read inside a step): the loss
+    # sum since the last log, the first step whose loss was not finite (0: none) and that loss.
+    window_loss: Tensor = field(init=False)
+    first_bad_step: Tensor = field(init=False)
+    first_bad_loss: Tensor = field(init=False)
+    step_times: StepTimes = field(init=False)  # feeds non_comm, resolved with the window
+
+    def __post_init__(self) -> None:
+        device = self.ctx.device
+        self.window_loss = torch.zeros((), dtype=torch.float64, device=device)
+        self.first_bad_step = torch.zeros((), dtype=torch.int64, device=device)
+        self.first_bad_loss = torch.zeros((), dtype=torch.float64, device=device)
+        self.step_times = StepTimes(device)
 
     def checkpoint_state(self, tracking_partial: bool) -> dict[str, Any]:
+        _settle(self)
         return {
             "step": self.step,
             "model": self.model.state_dict(),
@@ -324,7 +350,7 @@ class _Run:
             "strategy": self.strategy.state_dict(),
             "torch_rng": torch.get_rng_state(),
             "elapsed": self.elapsed,
-            "window": self.window,
+            "window": [float(self.window_loss), self.window_steps],  # loss sum, steps since the last log
             "non_comm": self.non_comm,
             "train_rows": self.train_rows,
             "eval_rows": self.eval_rows,
@@ -342,7 +368,9 @@ class _Run:
         if self.loss_scaler is not None:
             self.loss_scaler.load_state_dict(state["loss_scale"])
         torch.set_rng_state(state["torch_rng"])
-        self.step, self.elapsed, self.window = state["step"], state["elapsed"], state["window"]
+        self.step, self.elapsed = state["step"], state["elapsed"]
+        self.window_loss.fill_(state["window"][0])
+        self.window_steps = int(state["window"][1])
         self.non_comm = state.get("non_comm", [])
         self.train_rows, self.eval_rows = state["train_rows"], state["eval_rows"]
         self.run_id = state["mlflow_run_id"]
@@ -557,7 +585,7 @@ def _run_steps(
                     pin_memory=ctx.device.type == "cuda",
                 )
         batch = batches[index] if config.sampling == "epochs" else _drawn_batch(run)
-        loss_value = _train_step(run, batch, start, next(loaded) if loaded is not None else None)
+        loss = _train_step(run, batch, start, next(loaded) if loaded is not None else None)
         logged: dict[str, float] = {}
         if run.step % run.log_every == 0 or run.step == run.total_steps:
             logged = _log_step(run, tracker, epoch)
@@ -568,7 +596,7 @@ def _run_steps(
             total_steps=run.total_steps,
             epoch=epoch,
             rank=ctx.rank,
-            loss=loss_value,
+            step_loss=loss,
             logged=logged,
             last=run.step == run.total_steps or run.stopped,
             seconds=run.step_seconds,
@@ -583,11 +611,16 @@ def _run_steps(
     checkpoint(complete=True)
 
 
-def _train_step(run: _Run, batch: Tensor, start: float, loaded: tuple[Tensor, Tensor] | None = None) -> float:
+def _train_step(
+    run: _Run, batch: Tensor, start: float, loaded: tuple[Tensor, Tensor] | None = None
+) -> Tensor:
     """One step on the batch of indices ``batch`` (timed from ``start``; ``loaded``: its examples,
-    already decoded by a DataLoader); returns this rank's loss."""
+    already decoded by a DataLoader); returns this rank's loss, on the device.
+
+    No device value is read on the host here (the loss is checked and summed on the device, read at
+    log steps), except fp16's skip decision (:meth:`LossScaler.unscale_`)."""
     config, ctx, strategy = run.config, run.ctx, run.strategy
-    comm_before = strategy.stats.seconds["communicate"]
+    run.step_times.start(strategy.stats)
     strategy.set_epoch(run.step / run.steps_per_epoch)  # e.g. DGC's warm-up densities
     x, y = loaded if loaded is not None else run.train_set.get_batch(batch)
     x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
@@ -604,7 +637,7 @@ def _train_step(run: _Run, batch: Tensor, start: float, loaded: tuple[Tensor, Te
     finite = True
     if scaler is not None:  # fp16: true gradients before anything is clipped or sent; all ranks agree
         loss = loss / scaler.scale
-        finite = scaler.unscale_(run.trainable)
+        finite = scaler.unscale_(run.trainable, ctx.device)
         scaler.update(finite)
     if finite:
         if config.grad_clip_norm is not None:
@@ -615,27 +648,53 @@ def _train_step(run: _Run, batch: Tensor, start: float, loaded: tuple[Tensor, Te
     if finite:
         strategy.after_step(run.model)
     run.step += 1
-    loss_value = float(loss)
-    if not math.isfinite(loss_value):
-        raise FloatingPointError(f"training loss became {loss_value} at step {run.step}: lower lr")
-    run.window[0] += loss_value
-    run.window[1] += 1
+    loss = loss.detach()
+    _add_to_window(run, loss)
     step_seconds = time.perf_counter() - start
     run.step_seconds = step_seconds
     run.elapsed += step_seconds
-    run.non_comm.append(step_seconds - (strategy.stats.seconds["communicate"] - comm_before))
-    return loss_value
+    run.step_times.stop(strategy.stats, step_seconds)
+    return loss
+
+
+def _add_to_window(run: _Run, loss: Tensor) -> None:
+    """Add this step's loss to the window's sum and, where it is the first loss that is not
+    finite, remember the step and the loss: all on the device, without waiting for it."""
+    loss = loss.to(run.window_loss.device, torch.float64)
+    run.window_loss += loss
+    run.window_steps += 1
+    first_bad = torch.isfinite(loss).logical_not_().logical_and_(run.first_bad_step == 0)
+    run.first_bad_step = torch.where(first_bad, run.step, run.first_bad_step)
+    run.first_bad_loss = torch.where(first_bad, loss, run.first_bad_loss)
+
+
+def _settle(run: _Run) -> None:
+    """Read what the steps left on the device: FloatingPointError naming the first step whose loss
+    was not finite (before anything is logged or checkpointed as good), then the steps' times."""
+    bad_step = int(run.first_bad_step)
+    if bad_step:
+        raise FloatingPointError(
+            f"training loss became {float(run.first_bad_loss)} at step {bad_step}: lower lr"
+        )
+    run.non_comm.extend(run.step_times.take())
 
 
 def _log_step(run: _Run, tracker: Tracker, epoch: int) -> dict[str, float]:
     """The training curve's row: the mean loss over ranks since the last log, lr, bits, seconds."""
-    mean_loss = torch.tensor([run.window[0], float(run.window[1])], dtype=torch.float64)
+    window = torch.stack([run.window_loss, run.window_loss.new_tensor(float(run.window_steps))])
     if run.ctx.world_size > 1:
-        dist.all_reduce(mean_loss)  # instrumentation: not counted in CommStats
-    run.window = [0.0, 0]
+        dist.all_reduce(window)  # instrumentation: not counted in CommStats
+    _settle(run)  # after the all-reduce: a rank that raises here does not leave the others waiting
+    mean_loss = float(window[0] / window[1])
+    if not math.isfinite(mean_loss):
+        raise FloatingPointError(
+            f"training loss became {mean_loss} on another rank by step {run.step}: lower lr"
+        )
+    run.window_loss.zero_()
+    run.window_steps = 0
     stats = run.strategy.stats.summary()
     logged = {
-        "train_loss": float(mean_loss[0] / mean_loss[1]),
+        "train_loss": mean_loss,
         "lr": float(run.scheduler.get_last_lr()[0]),
         "bits_per_step": stats["bits_per_step"],
         "wall_seconds": run.elapsed,
@@ -670,7 +729,8 @@ def _final_metrics(run: _Run) -> dict[str, float]:
     # collective): the sum over steps of the slowest rank's non-communication time is the compute a
     # cost model must add to the wire time. Ranks take turns being slow, so it exceeds every
     # rank's own total. Instrumentation: not counted as traffic.
-    per_rank = torch.tensor(run.non_comm, dtype=torch.float64)
+    _settle(run)
+    per_rank = torch.tensor(run.non_comm, dtype=torch.float64, device=run.ctx.device)
     if run.ctx.world_size > 1:
         gathered = [torch.empty_like(per_rank) for _ in range(run.ctx.world_size)]
         dist.all_gather(gathered, per_rank)
