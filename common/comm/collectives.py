@@ -47,6 +47,22 @@ def all_reduce_sum_(tensor: Tensor, *, stats: CommStats | None = None, group: Pr
     return tensor
 
 
+def all_reduce_sum_async(
+    tensor: Tensor, *, stats: CommStats | None = None, group: ProcessGroup = None
+) -> Future[list[Tensor]]:
+    """:func:`all_reduce_sum_` launched in the background: a future of ``[tensor]``, summed in
+    place. At world size 1 a completed future (nothing sent, nothing counted)."""
+    if get_world_size(group) == 1:
+        done: Future[list[Tensor]] = Future()
+        done.set_result([tensor])
+        return done
+    work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group, async_op=True)
+    assert work is not None
+    if stats is not None:
+        stats.add_call("all_reduce", _bits(tensor))
+    return work.get_future()
+
+
 def all_reduce_max_(tensor: Tensor, *, stats: CommStats | None = None, group: ProcessGroup = None) -> Tensor:
     """Elementwise max over ranks, in place (counted as an all-reduce). No-op at world size 1."""
     if get_world_size(group) == 1:

@@ -31,7 +31,7 @@ from .collectives import (
 )
 from .fused import FusedRoute
 from .hierarchy import HostHierarchy
-from .low_rank import reduce_low_rank
+from .low_rank import BucketLayout, LayoutKey, reduce_low_rank, reduce_low_rank_async
 from .stats import CommStats
 
 log = logging.getLogger(__name__)
@@ -176,6 +176,7 @@ class GradientSync:
         # warm-started Q per unit (needs.low_rank: common.comm.low_rank).
         self.shapes: dict[str, torch.Size] = {}
         self.low_rank_q: dict[str, Tensor] = {}
+        self.low_rank_layouts: dict[LayoutKey, BucketLayout] = {}  # its buffers, per bucket
         self._fp32_checked = False
         #: The fused route (common.comm.fused): None fuses buckets on CUDA, True anywhere, False never.
         self.fused = fused
@@ -304,9 +305,10 @@ class GradientSync:
 
         Returns a future of the mean, so that DDP can overlap the all-reduce (linear compressors)
         or the payloads' all-gather (the others) with the rest of the backward pass; decompression
-        runs when the collective completes. Routes of several rounds (TernGrad's shared scaler,
-        PowerSGD's two all-reduces, a host hierarchy) and world size 1 complete at once. ``communicate`` seconds are
-        then the time from launch to completion, overlap included.
+        runs when the collective completes. PowerSGD's two all-reduces are chained futures
+        (:func:`~common.comm.low_rank.reduce_low_rank_async`). Other routes of several rounds
+        (TernGrad's shared scaler, a host hierarchy) and world size 1 complete at once.
+        ``communicate`` seconds are then the time from launch to completion, overlap included.
         """
         world = get_world_size(self.group)
         needs = self.compressor.needs
@@ -314,6 +316,8 @@ class GradientSync:
             segments = self._fused.layout(names, flat, sizes)
             if segments is not None:
                 return self._fused.reduce_scaled_async(list(names), flat, list(sizes), segments)
+        if needs.low_rank and self.hierarchy is None:
+            return reduce_low_rank_async(self, list(names), flat, list(sizes))
         if world == 1 or needs.scaled_codes or needs.low_rank or self.hierarchy is not None:
             future: Future[Tensor] = Future()
             future.set_result(self.reduce_flat(names, flat, sizes))

@@ -48,20 +48,24 @@ def square_shape(numel: int) -> tuple[int, int]:
 
 
 def orthogonalize_(matrix: Tensor, epsilon: float = 0.0) -> Tensor:
-    """Orthonormal columns of ``matrix`` [n, r], in place: Gram-Schmidt for r <= 2, QR beyond
-    (PyTorch's ``_orthogonalize``: the same Gram-Schmidt, so rank 1 and 2 agree with its hook to
-    the last bit). ``epsilon`` is added to each column's norm (a zero column stays zero instead of
-    NaN)."""
-    rank = matrix.shape[1]
+    """Orthonormal columns of ``matrix`` [n, r], or of every matrix of a batch [b, n, r], in place:
+    Gram-Schmidt for r <= 2, QR beyond (PyTorch's ``_orthogonalize``: the same Gram-Schmidt over the
+    batch, so rank 1 and 2 agree with its hook to the last bit). The launches depend on r, not on b.
+    A matrix's Gram-Schmidt does not depend on the batch it is in; its QR may, in the last bits
+    (LAPACK on CPU: its place in the batch, :mod:`common.comm.low_rank`). ``epsilon`` is added to
+    each column's norm (a zero column stays zero instead of NaN)."""
+    batch = matrix if matrix.dim() == 3 else matrix.unsqueeze(0)
+    rank = batch.shape[2]
     if rank > 2:
-        q, _ = torch.linalg.qr(matrix)
-        return matrix.copy_(q)
+        q, _ = torch.linalg.qr(batch)
+        batch.copy_(q)
+        return matrix
     for i in range(rank):
-        col = matrix[:, i : i + 1]
-        col /= torch.linalg.vector_norm(col, dim=0, keepdim=True) + epsilon
+        col = batch[:, :, i : i + 1]
+        col /= torch.linalg.vector_norm(col, dim=1, keepdim=True) + epsilon
         if i + 1 < rank:
-            rest = matrix[:, i + 1 :]
-            rest -= torch.sum(col * rest, dim=0, keepdim=True) * col
+            rest = batch[:, :, i + 1 :]
+            rest -= torch.sum(col * rest, dim=1, keepdim=True) * col
     return matrix
 
 
@@ -104,10 +108,14 @@ class PowerSGD(Compressor):
         rank = min(rows, cols, self.rank)
         return rank if (rows + cols) * rank * self.min_compression_rate < rows * cols else 0
 
+    def random_q(self, cols: int, rank: int, rng: CompressorRNG) -> Tensor:
+        """The draw :meth:`initial_q` orthogonalizes: ``cols x rank`` normals from the shared
+        generator, on its device (GradientSync's route orthogonalizes a batch of them at once)."""
+        return torch.randn(cols, rank, generator=rng.shared, device=rng.shared.device, dtype=torch.float32)
+
     def initial_q(self, cols: int, rank: int, rng: CompressorRNG, device: torch.device) -> Tensor:
         """A random ``cols x rank`` Q from the shared generator, orthogonalized (same on every rank)."""
-        q = torch.randn(cols, rank, generator=rng.shared, device=rng.shared.device, dtype=torch.float32)
-        return orthogonalize_(q.to(device), self.epsilon)
+        return orthogonalize_(self.random_q(cols, rank, rng).to(device), self.epsilon)
 
     def compress(self, x: Tensor, rng: CompressorRNG) -> Payload:
         rows, cols = matrix_shape(x.shape)
