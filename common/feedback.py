@@ -85,9 +85,16 @@ class ErrorFeedback:
         self._store(keys, compensated, sizes)
 
     def clear(self, keys: Sequence[str]) -> None:
-        """Everything of these tensors was sent: no residual (a missing one reads as zeros)."""
+        """Everything of these tensors was sent: no residual. A residual that is a slice of a
+        bucket's buffer is zeroed in place (one launch for all: the buffer stays whole), any other
+        is dropped (a missing one reads as zeros)."""
+        owned = {id(v) for _, views in self._flat.values() for v in views}
+        in_buffer = [self.residuals[k] for k in keys if id(self.residuals.get(k)) in owned]
+        if in_buffer:
+            torch._foreach_zero_(in_buffer)
         for key in keys:
-            self.residuals.pop(key, None)
+            if id(self.residuals.get(key)) not in owned:
+                self.residuals.pop(key, None)
 
     def state_dict(self) -> dict[str, dict[str, Tensor]]:
         return {"residuals": {k: v.detach().clone() for k, v in self.residuals.items()}}

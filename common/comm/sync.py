@@ -225,9 +225,14 @@ class GradientSync:
                 tensors[0].reshape(-1) if len(tensors) == 1 else torch.cat([t.reshape(-1) for t in tensors])
             )
             mean = self.reduce_flat(names, flat, sizes)
-            for t, part in zip(tensors, mean.split(sizes), strict=True):
-                if part.data_ptr() != t.data_ptr():  # identity on one tensor reduces in place
-                    t.copy_(part.view_as(t))
+            # back into the tensors in one launch (identity on one tensor reduces in place)
+            pairs = [
+                (t, part.view_as(t))
+                for t, part in zip(tensors, mean.split(sizes), strict=True)
+                if part.data_ptr() != t.data_ptr()
+            ]
+            if pairs:
+                torch._foreach_copy_([t for t, _ in pairs], [part for _, part in pairs])
         if count_step:
             self.stats.steps += 1
 

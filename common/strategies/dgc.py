@@ -263,17 +263,17 @@ class DGCDataParallel(SyncStrategy):
         if not (self.options.momentum_correction and self.weight_decay):
             return
         with torch.no_grad():
-            named = [(n, p) for n, p in sparse if p.grad is not None]
-            fresh = [(n, p) for n, p in named if n not in self.wd_momentum]
-            kept = [(n, p) for n, p in named if n in self.wd_momentum]
+            named = [(n, p, p.grad) for n, p in sparse if p.grad is not None]
+            fresh = [(n, p) for n, p, _ in named if n not in self.wd_momentum]
+            kept = [(n, p) for n, p, _ in named if n in self.wd_momentum]
             if fresh:  # the first step: m_wd = wd p
-                bufs = torch._foreach_mul([p.detach() for _, p in fresh], self.weight_decay)
-                self.wd_momentum.update((name, buf) for (name, _), buf in zip(fresh, bufs, strict=True))
+                started = torch._foreach_mul([p.detach() for _, p in fresh], self.weight_decay)
+                self.wd_momentum.update((name, buf) for (name, _), buf in zip(fresh, started, strict=True))
             if kept:  # m_wd = m m_wd + wd p, for every tensor in one launch (torch._foreach_*)
                 bufs = [self.wd_momentum[n] for n, _ in kept]
                 torch._foreach_mul_(bufs, self.momentum)
                 torch._foreach_add_(bufs, [p.detach() for _, p in kept], alpha=self.weight_decay)
-            torch._foreach_add_([p.grad for _, p in named], [self.wd_momentum[n] for n, _ in named])
+            torch._foreach_add_([g for _, _, g in named], [self.wd_momentum[n] for n, _, _ in named])
 
     def before_eval(self, model: nn.Module) -> None:
         _broadcast_module_state(model, "buffers")

@@ -44,7 +44,11 @@ FUSED = [
     ("signsgd", {}, True),
     ("signsgd", {"scaled": False, "vote": "majority"}, False),
 ]
+#: The elementwise compressors compress a bucket whole on every route.
+ELEMENTWISE = [("fp16", {}, True), ("bf16", {}, False), ("identity", {}, True)]
 IDS = [f"{n}-{'-'.join(f'{k}={v}' for k, v in o.items())}-ef{int(e)}" for n, o, e in FUSED]
+EVERY = FUSED + ELEMENTWISE
+EVERY_IDS = IDS + [f"{n}-ef{int(e)}" for n, _, e in ELEMENTWISE]
 HOST_READS = {
     "aten::_local_scalar_dense",
     "aten::item",
@@ -97,7 +101,7 @@ def _host_reads(fn) -> list[str]:
     return _reads(prof.events())
 
 
-@pytest.mark.parametrize("name,options,ef", FUSED, ids=IDS)
+@pytest.mark.parametrize("name,options,ef", EVERY, ids=EVERY_IDS)
 def test_a_bucket_costs_the_same_ops_whatever_it_holds_and_reads_nothing(name, options, ef):
     """Ops dispatched by one bucket's reduction: the same for 8 tensors as for 128, and none of
     them reads a device value (world size 1: the collectives are no-ops, the compression runs)."""
@@ -482,3 +486,40 @@ def test_two_ranks_fused_equals_per_tensor_and_the_hook_path(tmp_path, name, opt
             torch.testing.assert_close(result["fused"], result["per_tensor"], rtol=1e-5, atol=1e-5)
         fused_bits, per_tensor_bits = result["bits"]
         assert fused_bits <= per_tensor_bits  # one payload per bucket: no per-tensor padding
+
+
+def _dgc_hook_step_reads(rank: int, world: int) -> dict:
+    """DGC's own hook (DGCDataParallel.install) on the fused route: host reads in steady steps."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from common.strategies.dgc import DGCDataParallel
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(300, 200), nn.ReLU(), nn.Linear(200, 10))
+    model = DistributedDataParallel(net, bucket_cap_mb=0.2)
+    dgc = DGCDataParallel(build_compressor("dgc", density=0.01), momentum=0.9, weight_decay=1e-4, fused=True)
+    optimizer = dgc.install(model, lr=0.1)
+    x = torch.randn(16, 300, generator=torch.Generator().manual_seed(rank))
+    y = torch.randint(0, 10, (16,), generator=torch.Generator().manual_seed(rank))
+    reads = []
+    for step in range(4):
+        optimizer.zero_grad()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+        if step >= 2:
+            reads += _reads(prof.events())
+    return {
+        "reads": reads,
+        "params": [p.detach().clone() for p in net.parameters()],
+        "sent": dgc.compressor.sent,
+    }
+
+
+def test_dgcs_own_hook_reads_nothing_and_keeps_the_ranks_equal(tmp_path):
+    results = run_ranks(_dgc_hook_step_reads, 2, tmp_path=tmp_path)
+    for result in results:
+        assert result["reads"] == []
+        assert result["sent"] > 0  # the device count, read after the steps
+    for a, b in zip(results[0]["params"], results[1]["params"], strict=True):
+        assert torch.equal(a, b)

@@ -95,14 +95,17 @@ def test_no_host_reads_on_two_gloo_ranks(tmp_path):
         assert counts["aten.bmm"] == 3 * 2  # the callbacks' ops were counted: P Q^T is the last
 
 
+@pytest.mark.parametrize("error_feedback", [False, True], ids=["no-ef", "ef"])
 @pytest.mark.parametrize("interleaved", [False, True], ids=["back-to-back", "between-biases"])
-def test_ops_per_bucket_do_not_grow_with_its_tensors(interleaved):
+def test_ops_per_bucket_do_not_grow_with_its_tensors(interleaved, error_feedback):
     """8 or 128 same-shape matrices (back to back: one view; between biases: stacked): the same
-    ops. Without error feedback, whose ErrorFeedback still loops over the bucket's tensors."""
+    ops, with error feedback too (one flat residual buffer per bucket)."""
 
     def ops(num: int) -> int:
         shapes = [(12, 20), (20,)] * num if interleaved else [(12, 20)] * num
-        sync = GradientSync(build_compressor("powersgd", rank=2), compress_per_tensor=True, seed=1)
+        sync = GradientSync(
+            build_compressor("powersgd", rank=2), error_feedback=error_feedback, compress_per_tensor=True, seed=1
+        )
         names, flat, sizes = _bucket(0, shapes)
         sync.shapes.update((n, torch.Size(s)) for n, s in zip(names, shapes, strict=True))
         sync.reduce_flat(names, flat.clone(), sizes)
