@@ -41,6 +41,11 @@ class ErrorFeedback:
         self.residuals: dict[str, Tensor] = {}
         # layout (names) -> (the flat buffer, the views of it that ``residuals`` holds)
         self._flat: dict[tuple[str, ...], tuple[Tensor, list[Tensor]]] = {}
+        # layout -> a second buffer of its size, where ``compensate`` writes (and which becomes the
+        # residual when ``update_sparse`` is handed it): no bucket-sized allocation per step. On a
+        # CPU a fresh 45 MB tensor (ResNet-18's bucket) comes from the kernel each time, page
+        # faults and all: 46 ms for ``flat + residual`` against 8 ms into a reused one (one core).
+        self._spare: dict[tuple[str, ...], Tensor] = {}
 
     def residual(self, key: str, like: Tensor) -> Tensor:
         """The stored residual for ``key`` (flat), or zeros shaped like ``like`` if none yet."""
@@ -58,7 +63,22 @@ class ErrorFeedback:
         its own in one pass (the fused path; plain error feedback does not need it)."""
         if len(keys) == 1:
             return flat + self.residual(keys[0], flat)
-        return flat + self.flat_buffer(keys, flat, sizes)
+        buffer = self.flat_buffer(keys, flat, sizes)
+        return torch.add(flat, buffer, out=self._scratch(keys, buffer))
+
+    def _scratch(self, keys: Sequence[str], buffer: Tensor) -> Tensor:
+        """The layout's spare buffer (allocated once): valid until the layout's next ``compensate``."""
+        key = tuple(keys)
+        spare = self._spare.get(key)
+        if (
+            spare is None
+            or spare.shape != buffer.shape
+            or spare.dtype != buffer.dtype
+            or spare.device != buffer.device
+            or spare.data_ptr() == buffer.data_ptr()
+        ):
+            spare = self._spare[key] = torch.empty_like(buffer)
+        return spare
 
     def update(self, keys: Sequence[str], compensated: Tensor, sent: Tensor, sizes: Sequence[int]) -> None:
         """Store ``compensated - sent`` split back into the named tensors' residuals (into the
@@ -101,14 +121,17 @@ class ErrorFeedback:
 
     def load_state_dict(self, state: dict[str, dict[str, Tensor]]) -> None:
         self.residuals = {k: v.clone() for k, v in state["residuals"].items()}
-        self._flat = {}
+        self._flat, self._spare = {}, {}
 
     def _current(self, keys: Sequence[str]) -> Tensor | None:
         """The bucket buffer of ``keys`` if every one of their residuals is still its slice."""
         return _current(self.residuals, self._flat, keys)
 
     def _store(self, keys: Sequence[str], buffer: Tensor, sizes: Sequence[int]) -> None:
+        old = self._flat.get(tuple(keys))
         _store(self.residuals, self._flat, keys, buffer, sizes)
+        if old is not None and old[0].data_ptr() != buffer.data_ptr():
+            self._spare[tuple(keys)] = old[0]  # the residual it held is now in ``buffer``
 
 
 def _stored(store: dict[str, Tensor], key: str, like: Tensor, what: str) -> Tensor:
@@ -282,7 +305,8 @@ class MomentumCorrection(ErrorFeedback):
             v.add_(u)
         if len(keys) == 1:
             self.momentums[keys[0]], self.residuals[keys[0]] = u, v
-        return v.clone()
+            return v.clone()
+        return self._scratch(keys, v).copy_(v)
 
     def _momentums_of(self, keys: Sequence[str], like: Tensor, sizes: Sequence[int]) -> Tensor:
         if len(keys) == 1:

@@ -43,6 +43,25 @@ void tw_uniform(int64_t n, uint32_t k1, uint32_t k2, float *out) {
     for (int64_t i = 0; i < n; ++i) out[i] = tw_uniform_at(i, k1, k2);
 }
 
+/* kernels.segment_noise: segment s's entries [starts[s], starts[s + 1]) (the last to n) hashed at
+ * their index within it under keys k1[s], k2[s]; uniform floats, or (priority) 30 hash bits as a
+ * positive normal float's. */
+void tw_segment_noise(int64_t segments, const int64_t *starts, const int64_t *k1, const int64_t *k2,
+                      int64_t n, int priority, float *out) {
+    for (int64_t s = 0; s < segments; ++s) {
+        const int64_t start = starts[s], end = s + 1 < segments ? starts[s + 1] : n;
+        const uint32_t a = (uint32_t)k1[s], b = (uint32_t)k2[s];
+        if (priority) {
+            for (int64_t i = start; i < end; ++i) {
+                uint32_t bits = (tw_hash(tw_hash((uint32_t)(i - start) ^ a) ^ b) >> 2) + 0x00800000u;
+                memcpy(out + i, &bits, sizeof bits);
+            }
+        } else {
+            for (int64_t i = start; i < end; ++i) out[i] = tw_uniform_at(i - start, a, b);
+        }
+    }
+}
+
 /* Pack `count` codes of `bits` bits (8 / bits per byte, little-endian) into out. */
 static void tw_pack(const uint8_t *codes, int64_t count, int bits, uint8_t *out) {
     const int per_byte = 8 / bits;

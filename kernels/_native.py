@@ -128,6 +128,8 @@ def _load() -> ctypes.CDLL | str:
         fn.restype = None
     lib.tw_mt_uniform.argtypes = [ptr, ptr, i64, ptr]
     lib.tw_mt_uniform.restype = None
+    lib.tw_segment_noise.argtypes = [i64, ptr, ptr, ptr, i64, ctypes.c_int, ptr]
+    lib.tw_segment_noise.restype = None
     return lib
 
 
@@ -478,4 +480,22 @@ def torch_rand(numel: int, generator: torch.Generator) -> torch.Tensor:
     state[_MT_LEFT : _MT_LEFT + 4].view(torch.int32).fill_(int(left_next[0]))
     state[_MT_NEXT : _MT_NEXT + 8].view(torch.int64).fill_(int(left_next[1]))
     generator.set_state(state)
+    return out
+
+
+def segment_noise(
+    starts_S: torch.Tensor, k1_S: torch.Tensor, k2_S: torch.Tensor, numel: int, priority: bool
+) -> torch.Tensor:
+    """``kernels.segment_noise`` in one compiled loop (the segments laid end to end from ``starts_S``)."""
+    _check_cpu(torch.int64, starts=starts_S, k1=k1_S, k2=k2_S)
+    out = torch.empty(numel, dtype=torch.float32)
+    _lib().tw_segment_noise(
+        starts_S.numel(),
+        starts_S.data_ptr(),
+        k1_S.data_ptr(),
+        k2_S.data_ptr(),
+        numel,
+        int(priority),
+        out.data_ptr(),
+    )
     return out

@@ -472,8 +472,15 @@ class QSGD(DenseDecoder):
         )
         packed_W_M = torch.stack([p.wire["codes"] for p in payloads])
         norms_W_N = torch.stack([p.wire["norms"].float() for p in payloads]).index_select(1, plan.qid_N)
-        total = qsgd_reference.qsgd_dequantize_accumulate(packed_W_M, norms_W_N, segments.numel, self.bits, 1)
-        out.view(-1).copy_(total)
+        if out.dtype == torch.float32 and out.is_contiguous():
+            qsgd_dequantize_accumulate(
+                packed_W_M, norms_W_N, segments.numel, bits=self.bits, bucket_size=1, out=out.view(-1)
+            )
+            return out
+        decoded = qsgd_dequantize_accumulate(
+            packed_W_M, norms_W_N, segments.numel, bits=self.bits, bucket_size=1
+        )
+        out.view(-1).copy_(decoded)
         return out
 
 
@@ -490,5 +497,5 @@ def _qsgd_plan(segments: Segments, bucket_size: int) -> _QSGDPlan:
         full, rest = divmod(n, bucket_size)
         lengths += [bucket_size] * full + ([rest] if rest else [])
     lengths_Q = torch.tensor(lengths)
-    qid_N = torch.repeat_interleave(torch.arange(len(lengths)), lengths_Q)
+    qid_N = torch.repeat_interleave(torch.arange(len(lengths), dtype=torch.int32), lengths_Q)
     return _QSGDPlan(lengths_Q.to(segments.device), qid_N.to(segments.device))

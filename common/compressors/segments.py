@@ -31,6 +31,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from kernels.segment_noise import segment_noise
+
 _MASK32 = 0xFFFFFFFF
 _HASH_MULTIPLIERS = (0x21F0AAAD, 0x735A2D97)  # kernels._native's lowbias32
 
@@ -38,8 +40,8 @@ _HASH_MULTIPLIERS = (0x21F0AAAD, 0x735A2D97)  # kernels._native's lowbias32
 class Segments:
     """The layout of one bucket: ``names[s]`` has ``sizes[s]`` entries starting at ``starts[s]``.
 
-    Device tables are built on first use and kept (``ids``: the segment of each entry, ``local``:
-    the entry's index within its tensor, ``lengths`` / ``offsets``), as are the tables a
+    Device tables are built on first use and kept (``ids``: the segment of each entry,
+    ``lengths`` / ``offsets``), as are the tables a
     compressor derives from the layout (:meth:`cached`): nothing per step is rebuilt.
     """
 
@@ -89,20 +91,14 @@ class Segments:
 
     @property
     def ids(self) -> Tensor:
-        """int64 ``[N]``: the segment of each entry."""
+        """int32 ``[N]``: the segment of each entry (half an int64 table's memory and reads)."""
         return self.cached(
             "ids",
             lambda: torch.repeat_interleave(
-                torch.arange(len(self), device=self.device), self.lengths, output_size=self.numel
+                torch.arange(len(self), device=self.device, dtype=torch.int32),
+                self.lengths,
+                output_size=self.numel,
             ),
-        )
-
-    @property
-    def local(self) -> Tensor:
-        """int64 ``[N]``: each entry's index within its own tensor."""
-        return self.cached(
-            "local",
-            lambda: torch.arange(self.numel, device=self.device) - self.offsets.index_select(0, self.ids),
         )
 
     # -- segmented arithmetic: one launch each, whatever S is ------------------------------------
@@ -197,20 +193,17 @@ class SegmentDraws:
 
     def uniform(self, stream: str = "local") -> Tensor:
         """fp32 ``[N]`` uniform [0, 1): the counter hash at each entry's index within its tensor,
-        keyed by its segment's keys (24 bits, as ``torch.rand``)."""
+        keyed by its segment's keys (24 bits, as ``torch.rand``; ``kernels.segment_noise``: one
+        launch on CUDA, one compiled loop on a CPU)."""
         k1_S, k2_S = self.keys(stream)
-        seg = self.segments
-        h = hash32_tensor(hash32_tensor(seg.local ^ seg.expand(k1_S)) ^ seg.expand(k2_S))
-        return (h >> 8).to(torch.float32).mul_(2.0**-24)
+        return segment_noise(self.segments.ids, self.segments.offsets, k1_S, k2_S, "uniform")
 
     def priorities(self, stream: str = "shared") -> Tensor:
         """fp32 ``[N]``, positive and finite, each entry's 30 hash bits as a normal float's (the
         bits order as the values do): the largest k of a segment are a uniform k-subset, ties
         2^6 times rarer than among :meth:`uniform`'s 24-bit numbers."""
         k1_S, k2_S = self.keys(stream)
-        seg = self.segments
-        h = hash32_tensor(hash32_tensor(seg.local ^ seg.expand(k1_S)) ^ seg.expand(k2_S))
-        return ((h >> 2) + 0x00800000).to(torch.int32).view(torch.float32)
+        return segment_noise(self.segments.ids, self.segments.offsets, k1_S, k2_S, "priority")
 
     def integers_below(self, bounds_S: Tensor, stream: str = "shared") -> Tensor:
         """int64 ``[S]``: one integer per segment, uniform in ``[0, bounds_S)`` (Lemire's multiply-

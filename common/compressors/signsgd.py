@@ -18,17 +18,27 @@ Not linear (signs cannot be summed into signs), fixed size, no randomness.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
 from kernels import pack_bits, unpack_bits
+from kernels.pack_bits.reference import lookup_bytes
 
 from .base import Compressor, CompressorRNG, Payload
 from .segments import SegmentDraws, Segments
 
 VOTES = ("mean", "majority")
+
+
+@functools.cache
+def _sign_table() -> Tensor:
+    """int8 ``[256, 8]``: the eight signs (+1 for a 0 bit, -1 for a 1) coded in each byte (a row
+    is gathered as one 8-byte word)."""
+    bits = (torch.arange(256, dtype=torch.int32)[:, None] >> torch.arange(8, dtype=torch.int32)) & 1
+    return (1 - 2 * bits).to(torch.int8).contiguous()
 
 
 class SignSGD(Compressor):
@@ -60,8 +70,13 @@ class SignSGD(Compressor):
         return Payload(wire=wire, shape=x.shape, dtype=x.dtype)
 
     def _signs(self, payload: Payload) -> Tensor:
-        """The payload's signs as float32 +1 / -1, flat."""
-        bits = unpack_bits(payload.wire["signs"], 1, payload.numel)
+        """The payload's signs as float32 +1 / -1, flat. On a CPU one gather of eight signs per
+        byte from a 256-row table (``kernels.pack_bits.reference.lookup_bytes``) and a cast: the
+        same values as unpacking the bits and computing ``1 - 2 b`` in four passes."""
+        packed = payload.wire["signs"]
+        if packed.device.type == "cpu":
+            return lookup_bytes(_sign_table(), packed)[: payload.numel].to(torch.float32)
+        bits = unpack_bits(packed, 1, payload.numel)
         return 1.0 - 2.0 * bits.to(torch.float32)
 
     def decompress(self, payload: Payload) -> Tensor:

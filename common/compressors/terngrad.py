@@ -58,7 +58,6 @@ from torch import Tensor
 
 from kernels import scale_values, ternarize, ternary_decode_accumulate, ternary_values
 from kernels._dispatch import rand
-from kernels.ternarize import reference as ternary_reference
 
 from .base import CompressorRNG, DenseDecoder, Needs, Payload, check_fused_rng
 from .segments import SegmentDraws, Segments
@@ -323,7 +322,8 @@ class TernGrad(DenseDecoder):
             assert bound_S is not None
             bound_N = segments.expand(bound_S)
             g_N = torch.clamp(x32, min=-bound_N, max=bound_N)
-        packed_M = ternary_reference.ternarize(g_N, segments.expand(s_S), 1, draws.uniform("local"))
+        # per-entry scalers (buckets of one entry): one launch on CUDA, one compiled loop on a CPU
+        packed_M = ternarize(g_N, segments.expand(s_S), bucket_size=1, noise=draws.uniform("local"))
         return Payload(
             wire={"codes": packed_M, "scaler": s_S}, shape=flat.shape, dtype=flat.dtype,
             local={"numel": flat.numel(), "segments": segments},
@@ -334,8 +334,12 @@ class TernGrad(DenseDecoder):
         segments: Segments = payloads[0].local["segments"]
         packed_W_M = torch.stack([p.wire["codes"] for p in payloads])
         scalers_W_N = torch.stack([p.wire["scaler"].float() for p in payloads]).index_select(1, segments.ids)
-        total = ternary_reference.ternary_decode_accumulate(packed_W_M, scalers_W_N, segments.numel, 1)
-        out.view(-1).copy_(total)
+        if out.dtype == torch.float32 and out.is_contiguous():
+            ternary_decode_accumulate(
+                packed_W_M, scalers_W_N, segments.numel, bucket_size=1, out=out.view(-1)
+            )
+            return out
+        out.view(-1).copy_(ternary_decode_accumulate(packed_W_M, scalers_W_N, segments.numel, bucket_size=1))
         return out
 
     def decode_sum_segments(

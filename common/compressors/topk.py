@@ -24,6 +24,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from kernels._dispatch import use_native
+from kernels.threshold_select import threshold_select
+
 from .base import (
     CompressorRNG,
     Payload,
@@ -48,18 +51,52 @@ _STRIDE_PRIME = 1_000_003  # sample positions (i * prime) mod N: spread over eve
 def topk_indices(abs_N: Tensor, k: int) -> Tensor:
     """Positions of the ``k`` largest entries of ``abs_N`` (module docstring: exact, sampled)."""
     n = abs_N.numel()
-    if n < SAMPLED_MIN_NUMEL or 4 * k > n:
+    plan = _sample_plan(n, k)
+    if plan is None:
         return torch.topk(abs_N, k, sorted=False).indices
-    num_samples = min(n, math.ceil(SAMPLED_TOP * n / (CANDIDATE_FACTOR * k)))
-    rank = max(1, math.ceil(CANDIDATE_FACTOR * k * num_samples / n))
-    if num_samples >= n // 4 or rank >= num_samples:
-        return torch.topk(abs_N, k, sorted=False).indices
+    num_samples, rank = plan
     positions_S = torch.arange(num_samples, device=abs_N.device).mul_(_STRIDE_PRIME).remainder_(n)
     threshold = torch.topk(abs_N[positions_S], rank, sorted=False).values.min()
     candidates_C = torch.nonzero(abs_N >= threshold).squeeze(1)
     if candidates_C.numel() < k:  # the sample put the threshold too high: decide over everything
         return torch.topk(abs_N, k, sorted=False).indices
     return candidates_C[torch.topk(abs_N[candidates_C], k, sorted=False).indices]
+
+
+def topk_of(x_N: Tensor, k: int) -> Tensor:
+    """:func:`topk_indices` of ``|x_N|``, the same positions in the same order. On an fp32 CPU
+    tensor the candidates at or above the sampled threshold come from one compiled pass
+    (``kernels.threshold_select``: the magnitude, the comparison, the listing and the values
+    together, where the reference makes a pass each; its count is read on the host, which a CPU
+    has at once) and no magnitude of the whole tensor is made."""
+    n = x_N.numel()
+    plan = _sample_plan(n, k)
+    if plan is None or x_N.dtype != torch.float32 or not use_native("auto", x_N.device):
+        return topk_indices(x_N.abs(), k)
+    num_samples, rank = plan
+    positions_S = torch.arange(num_samples, device=x_N.device).mul_(_STRIDE_PRIME).remainder_(n)
+    threshold = torch.topk(x_N[positions_S].abs(), rank, sorted=False).values.min()
+    capacity = 4 * k + 64
+    values_C, candidates_C, count = threshold_select(x_N, threshold, capacity)
+    count_ = int(count)
+    if count_ > capacity:
+        values_C, candidates_C, _ = threshold_select(x_N, threshold, count_)
+    if count_ < k:  # the sample put the threshold too high: decide over everything
+        return torch.topk(x_N.abs(), k, sorted=False).indices
+    values_C, candidates_C = values_C[:count_], candidates_C[:count_].long()
+    return candidates_C[torch.topk(values_C.abs(), k, sorted=False).indices]
+
+
+def _sample_plan(n: int, k: int) -> tuple[int, int] | None:
+    """``(samples, rank)`` of :func:`topk_indices`' sampled threshold, None where it takes a full
+    top-k."""
+    if n < SAMPLED_MIN_NUMEL or 4 * k > n:
+        return None
+    num_samples = min(n, math.ceil(SAMPLED_TOP * n / (CANDIDATE_FACTOR * k)))
+    rank = max(1, math.ceil(CANDIDATE_FACTOR * k * num_samples / n))
+    if num_samples >= n // 4 or rank >= num_samples:
+        return None
+    return num_samples, rank
 
 
 class TopK(SparseCompressor):
@@ -81,7 +118,7 @@ class TopK(SparseCompressor):
     def compress(self, x: Tensor, rng: CompressorRNG) -> Payload:
         flat = x.reshape(-1)
         k = num_kept(flat.numel(), self.density)
-        indices_K = topk_indices(flat.abs(), k)
+        indices_K = topk_of(flat, k)
         values_K = flat[indices_K]
         return Payload(
             wire={"values": values_K, "indices": indices_K.to(index_dtype(flat.numel()))},

@@ -69,8 +69,12 @@ MIXED = [(16, 16)] * 3 + [(16, 16), (16,)] * 3 + [(8, 4, 3, 3), (3, 3)]
 
 def _ops_of_one_reduction(rank: int, world: int, options: dict, shapes: list[tuple[int, ...]]) -> Counter:
     """The ops of one reduce_flat of a bucket, after a first one (warm start, layout built)."""
-    sync = GradientSync(
-        build_compressor("powersgd", **options), error_feedback=True, compress_per_tensor=True, seed=1
+    sync = GradientSync(  # fused: same-shape units batched (the CUDA default)
+        build_compressor("powersgd", **options),
+        error_feedback=True,
+        compress_per_tensor=True,
+        seed=1,
+        fused=True,
     )
     names, flat, sizes = _bucket(rank, shapes)
     sync.shapes.update((n, torch.Size(s)) for n, s in zip(names, shapes, strict=True))
@@ -104,7 +108,11 @@ def test_ops_per_bucket_do_not_grow_with_its_tensors(interleaved, error_feedback
     def ops(num: int) -> int:
         shapes = [(12, 20), (20,)] * num if interleaved else [(12, 20)] * num
         sync = GradientSync(
-            build_compressor("powersgd", rank=2), error_feedback=error_feedback, compress_per_tensor=True, seed=1
+            build_compressor("powersgd", rank=2),
+            error_feedback=error_feedback,
+            compress_per_tensor=True,
+            seed=1,
+            fused=True,
         )
         names, flat, sizes = _bucket(0, shapes)
         sync.shapes.update((n, torch.Size(s)) for n, s in zip(names, shapes, strict=True))
@@ -133,6 +141,7 @@ def test_a_batch_gives_each_matrix_what_it_gets_alone(rank):
         seed=1,
         bucket_numel=10**6,
         compress_per_tensor=True,
+        fused=True,
     )
     alone = GradientSync(build_compressor("powersgd", **options), error_feedback=True, seed=1)
 

@@ -231,7 +231,8 @@ def _hooks(rank: int, world: int, approximation_rank: int, batched: bool) -> dic
         step(theirs, x, y)
     ours = DDP(_Net(), bucket_cap_mb=1024)
     ours.load_state_dict(theirs.state_dict())
-    sync = install_ddp_hook(ours, "powersgd", rank=approximation_rank, error_feedback=True)
+    # batched (one bmm per shape) on the fused route, one mm per tensor off it: as the hook's modes
+    sync = install_ddp_hook(ours, "powersgd", rank=approximation_rank, error_feedback=True, fused=batched)
     shapes = {n: p.shape for n, p in theirs.module.named_parameters()}
     error = state.error_dict[0].split([shapes[n].numel() for n in order])  # the bucket's layout
     sync.error_feedback.load_state_dict({"residuals": dict(zip(order, error, strict=True))})  # type: ignore[union-attr]
