@@ -34,7 +34,7 @@ from common.comm import GradientSync
 from common.compressors import build_compressor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.helpers.dispatch import count_ops  # noqa: E402
+from tests.helpers.dispatch import count_ops
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 METHODS = {  # name -> (compressor, options, error feedback)
@@ -50,7 +50,9 @@ METHODS = {  # name -> (compressor, options, error feedback)
 }
 
 
-def measure(model: torch.nn.Module, compressor: str, options: dict, ef: bool, fused: bool, repeats: int) -> dict:
+def measure(
+    model: torch.nn.Module, compressor: str, options: dict, ef: bool, fused: bool, repeats: int
+) -> dict:
     named = [(n, p) for n, p in model.named_parameters()]
     names, sizes = [n for n, _ in named], [p.numel() for _, p in named]
     flat = torch.randn(sum(sizes), generator=torch.Generator().manual_seed(0))
@@ -90,7 +92,9 @@ def main() -> None:
         fused = measure(model, compressor, options, ef, True, args.repeats)
         rows.append((label, per_tensor, fused))
         print(f"{label:>22}: per tensor {per_tensor}, fused {fused}", file=sys.stderr, flush=True)
-    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    sha = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
     lines = [
         "# One gradient bucket on each route: ops (a GPU's launches), host reads, CPU time",
         "",

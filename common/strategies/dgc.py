@@ -323,44 +323,35 @@ class DGCDataParallel(SyncStrategy):
         through the sparse sync (their all-gather in the background, so that it overlaps the rest
         of the backward pass), the rest densely, then written back into ``flat``. Compression and
         momentum correction run now; decompression when the collectives complete. Each route's
-        entries are gathered from the bucket and written back in one op each (their positions are
-        built once per bucket layout)."""
+        tensors are gathered from the bucket and written back in one op each."""
         key = tuple(names)
         if key not in self._routes:
-            self._routes[key] = self._bucket_routes(names, sizes, flat.device)
+            self._routes[key] = self._bucket_routes(names, sizes)
+        tensors = flat.split(list(sizes))
         pending: list[tuple[Future[Tensor], _Route]] = []
         for route, sync in zip(self._routes[key], (self.sparse, self.dense), strict=True):
-            if route.names:
-                part = flat if route.index is None else flat.index_select(0, route.index)
+            if route.members:
+                part = flat if route.whole else torch.cat([tensors[i] for i in route.members])
                 pending.append((sync.reduce_flat_async(route.names, part, route.sizes), route))
 
         def written_back(_: Future[list[Future[Tensor]]]) -> Tensor:
             for future, route in pending:
                 mean = future.value()
-                if route.index is None:
-                    if mean.data_ptr() != flat.data_ptr():
-                        flat.copy_(mean)
-                else:
-                    flat.index_copy_(0, route.index, mean)
+                if not route.whole:  # one launch for the route's tensors
+                    torch._foreach_copy_([tensors[i] for i in route.members], list(mean.split(route.sizes)))
+                elif mean.data_ptr() != flat.data_ptr():
+                    flat.copy_(mean)
             return flat
 
         return torch.futures.collect_all([future for future, _ in pending]).then(written_back)
 
-    def _bucket_routes(
-        self, names: Sequence[str], sizes: Sequence[int], device: torch.device
-    ) -> tuple[_Route, _Route]:
-        """The sparsified and the dense tensors of a DDP bucket, with their entries' positions
-        (None for a route that is the whole bucket)."""
-        starts = [0]
-        for size in sizes[:-1]:
-            starts.append(starts[-1] + size)
+    def _bucket_routes(self, names: Sequence[str], sizes: Sequence[int]) -> tuple[_Route, _Route]:
+        """The sparsified and the dense tensors of a DDP bucket (positions in it, names, sizes)."""
         routes = []
         for sparse in (True, False):
             chosen = [i for i, name in enumerate(names) if (name in self._sparse_names) == sparse]
-            index = None
-            if chosen and len(chosen) < len(names):
-                index = torch.cat([torch.arange(starts[i], starts[i] + sizes[i]) for i in chosen]).to(device)
-            routes.append(_Route([names[i] for i in chosen], [sizes[i] for i in chosen], index))
+            whole = len(chosen) == len(names)
+            routes.append(_Route(chosen, [names[i] for i in chosen], [sizes[i] for i in chosen], whole))
         return routes[0], routes[1]
 
     def metrics(self) -> dict[str, float]:
@@ -397,9 +388,12 @@ class DGCDataParallel(SyncStrategy):
 
 @dataclass
 class _Route:
-    """The tensors of a DDP bucket that take one of DGC's two routes, and their entries' positions
-    in the bucket (None: all of it)."""
+    """The tensors of a DDP bucket that take one of DGC's two routes: their positions among the
+    bucket's tensors, names and sizes, and whether they are the whole bucket. They are gathered
+    with one ``cat`` (a memory copy on a CPU, one launch on a GPU) and written back with one
+    ``_foreach_copy_``: an ``index_select`` of the bucket's entries costs a CPU several times more."""
 
+    members: list[int]
     names: list[str]
     sizes: list[int]
-    index: Tensor | None
+    whole: bool

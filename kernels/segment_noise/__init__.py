@@ -16,7 +16,7 @@ from kernels._dispatch import NativeBackend, check_same_device, use_native, use_
 from kernels.segment_noise import reference
 from kernels.segment_noise.reference import KINDS
 
-__all__ = ["KINDS", "segment_noise"]
+__all__ = ["KINDS", "segment_noise", "tensor_noise"]
 
 
 def segment_noise(
@@ -47,3 +47,16 @@ def segment_noise(
             ids_N.contiguous(), starts_S.contiguous(), k1_S.contiguous(), k2_S.contiguous(), kind
         )
     return reference.segment_noise(ids_N, starts_S, k1_S, k2_S, kind)
+
+
+def tensor_noise(
+    numel: int, keys: tuple[int, int], kind: str = "uniform", device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    """:func:`segment_noise` of one tensor of ``numel`` entries under host ``keys`` (a CPU runs
+    the compiled loop with no table of segment ids)."""
+    device = torch.device(device)
+    starts = torch.zeros(1, dtype=torch.int64, device=device)
+    k1, k2 = (torch.tensor([k], dtype=torch.int64, device=device) for k in keys)
+    if kind in KINDS and use_native("auto", device):
+        return _native.segment_noise(starts, k1, k2, numel, kind == "priority")
+    return segment_noise(torch.zeros(numel, dtype=torch.int32, device=device), starts, k1, k2, kind)
