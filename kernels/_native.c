@@ -492,3 +492,38 @@ void tw_mt_uniform(uint32_t *state, int64_t *left_next, int64_t n, float *out) {
     left_next[0] = left;
     left_next[1] = next;
 }
+
+/* signSGD (common.compressors.signsgd): bit i % 8 of byte i / 8 set where x[i] < 0 (-0.0 and
+ * NaN are not: as torch's x < 0), kernels.pack_bits' 1-bit layout, the last byte zero-padded. */
+void tw_sign_pack(const float *restrict x, int64_t n, uint8_t *restrict out) {
+    const int64_t whole = n / 8;
+    for (int64_t b = 0; b < whole; ++b) {
+        const float *p = x + 8 * b;
+        uint8_t v = 0;
+        for (int j = 0; j < 8; ++j) v |= (uint8_t)(p[j] < 0.0f) << j;
+        out[b] = v;
+    }
+    if (n % 8) {
+        uint8_t v = 0;
+        for (int64_t i = 8 * whole; i < n; ++i) v |= (uint8_t)(x[i] < 0.0f) << (i - 8 * whole);
+        out[whole] = v;
+    }
+}
+
+/* out[i] = d_0 + d_1 + ... in worker order, d_w = -s_w where worker w's bit i is set, else s_w
+ * (s_w = scales[w], or 1 when scales is NULL): the payloads' decoding summed as the reference's
+ * clone-then-add, each product exact (a sign times a scale). */
+void tw_sign_decode(const uint8_t *restrict packed, int64_t workers, int64_t row_bytes, int64_t n,
+                    const float *restrict scales, float *restrict out) {
+    for (int64_t i = 0; i < n; ++i) {
+        const int64_t byte = i >> 3;
+        const int bit = (int)(i & 7);
+        float acc = 0.0f;
+        for (int64_t w = 0; w < workers; ++w) {
+            const float s = scales ? scales[w] : 1.0f;
+            const float d = ((packed[w * row_bytes + byte] >> bit) & 1) ? -s : s;
+            acc = w == 0 ? d : acc + d;
+        }
+        out[i] = acc;
+    }
+}

@@ -130,6 +130,10 @@ def _load() -> ctypes.CDLL | str:
     lib.tw_mt_uniform.restype = None
     lib.tw_segment_noise.argtypes = [i64, ptr, ptr, ptr, i64, ctypes.c_int, ptr]
     lib.tw_segment_noise.restype = None
+    lib.tw_sign_pack.argtypes = [ptr, i64, ptr]
+    lib.tw_sign_pack.restype = None
+    lib.tw_sign_decode.argtypes = [ptr, i64, i64, i64, ptr, ptr]
+    lib.tw_sign_decode.restype = None
     return lib
 
 
@@ -498,4 +502,27 @@ def segment_noise(
         int(priority),
         out.data_ptr(),
     )
+    return out
+
+
+def sign_pack(x_N: torch.Tensor) -> torch.Tensor:
+    """``pack_bits((x < 0).to(uint8), 1)`` of a contiguous fp32 CPU tensor, in one compiled pass."""
+    _check_cpu(torch.float32, x=x_N)
+    out = torch.empty(-(-x_N.numel() // 8), dtype=torch.uint8)
+    _lib().tw_sign_pack(x_N.data_ptr(), x_N.numel(), out.data_ptr())
+    return out
+
+
+def sign_decode(packed_W_M: torch.Tensor, scales_W: torch.Tensor | None, numel: int) -> torch.Tensor:
+    """fp32 ``[numel]``: each worker's signs times its scale (1 without scales), summed in worker
+    order (the first worker's term itself, then ``+``), in one compiled pass."""
+    _check_cpu(torch.uint8, packed=packed_W_M)
+    workers, row_bytes = packed_W_M.shape
+    if row_bytes != -(-numel // 8) or (scales_W is not None and scales_W.numel() != workers):
+        raise ValueError(f"{numel} signs need {-(-numel // 8)} bytes a worker and one scale each")
+    if scales_W is not None:
+        _check_cpu(torch.float32, scales=scales_W)
+    out = torch.empty(numel, dtype=torch.float32)
+    scales_ptr = scales_W.data_ptr() if scales_W is not None else None
+    _lib().tw_sign_decode(packed_W_M.data_ptr(), workers, row_bytes, numel, scales_ptr, out.data_ptr())
     return out

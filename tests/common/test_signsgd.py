@@ -54,3 +54,32 @@ def test_majority_vote_and_ef_signsgd_through_gradient_sync_on_three_ranks(tmp_p
     # all-gathered: what a rank hands to the collective is its 38 bytes of bits (and EF-signSGD's scale)
     assert results[0]["vote_bits"] == 38 * 8
     assert results[0]["ef_bits"] == 38 * 8 + 32
+
+
+@pytest.mark.parametrize("scaled,vote", [(True, "mean"), (False, "mean"), (False, "majority")])
+@pytest.mark.parametrize("numel", [1, 7, 8, 1023, 4097])
+def test_the_compiled_cpu_path_gives_the_torch_paths_bits(monkeypatch, scaled, vote, numel):
+    """Packing and decoding in one compiled pass (kernels._native) against the torch ops: the same
+    bytes, and decodings and sums bit for bit, -0.0 and NaN included."""
+    from common.compressors import signsgd as module
+
+    if not module._native.available():
+        pytest.skip("no C compiler")
+    compressor = build_compressor("signsgd", scaled=scaled, vote=vote)
+    xs = [torch.randn(numel, generator=torch.Generator().manual_seed(w)) for w in range(3)]
+    xs[0][0], xs[1][-1] = -0.0, float("nan")
+
+    def run() -> tuple:
+        payloads = [compressor.compress(x, CompressorRNG(0, 0)) for x in xs]
+        return (
+            [p.wire["signs"] for p in payloads],
+            compressor.decompress(payloads[0]),
+            compressor.aggregate(payloads),
+        )
+
+    compiled = run()
+    monkeypatch.setattr(module._native, "available", lambda: False)
+    reference = run()
+    assert all(torch.equal(a, b) for a, b in zip(compiled[0], reference[0], strict=True))
+    for a, b in zip(compiled[1:], reference[1:], strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
