@@ -512,18 +512,29 @@ void tw_sign_pack(const float *restrict x, int64_t n, uint8_t *restrict out) {
 
 /* out[i] = d_0 + d_1 + ... in worker order, d_w = -s_w where worker w's bit i is set, else s_w
  * (s_w = scales[w], or 1 when scales is NULL): the payloads' decoding summed as the reference's
- * clone-then-add, each product exact (a sign times a scale). */
+ * clone-then-add, each product exact (a sign times a scale). Per worker a 256 x 8 table of the
+ * eight values each byte decodes to: a byte's eight outputs are one row copied (or added). */
 void tw_sign_decode(const uint8_t *restrict packed, int64_t workers, int64_t row_bytes, int64_t n,
                     const float *restrict scales, float *restrict out) {
-    for (int64_t i = 0; i < n; ++i) {
-        const int64_t byte = i >> 3;
-        const int bit = (int)(i & 7);
-        float acc = 0.0f;
-        for (int64_t w = 0; w < workers; ++w) {
-            const float s = scales ? scales[w] : 1.0f;
-            const float d = ((packed[w * row_bytes + byte] >> bit) & 1) ? -s : s;
-            acc = w == 0 ? d : acc + d;
+    float table[256][8]; /* on the stack: calls from several threads (collective callbacks) do not share it */
+    const int64_t whole = n / 8;
+    for (int64_t w = 0; w < workers; ++w) {
+        const float s = scales ? scales[w] : 1.0f;
+        for (int v = 0; v < 256; ++v)
+            for (int j = 0; j < 8; ++j) table[v][j] = ((v >> j) & 1) ? -s : s;
+        const uint8_t *row = packed + w * row_bytes;
+        if (w == 0) {
+            for (int64_t b = 0; b < whole; ++b) memcpy(out + 8 * b, table[row[b]], sizeof table[0]);
+        } else {
+            for (int64_t b = 0; b < whole; ++b) {
+                const float *t = table[row[b]];
+                float *o = out + 8 * b;
+                for (int j = 0; j < 8; ++j) o[j] += t[j];
+            }
         }
-        out[i] = acc;
+        for (int64_t i = 8 * whole; i < n; ++i) {
+            const float d = table[row[whole]][i - 8 * whole];
+            out[i] = w == 0 ? d : out[i] + d;
+        }
     }
 }
