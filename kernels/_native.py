@@ -45,7 +45,6 @@ SOURCE = Path(__file__).with_name("_native.c")
 #: No FMA contraction: ``|v| * scale + u`` rounds as the reference's separate multiply and add.
 CFLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared", "-std=c11")
 _MASK32 = 0xFFFFFFFF
-_HASH_MULTIPLIERS = (0x21F0AAAD, 0x735A2D97)
 
 
 def _cache_dir() -> Path:
@@ -168,12 +167,9 @@ def draw_keys(generator: torch.Generator | None) -> tuple[int, int]:
 
 def _hash_reference(x: torch.Tensor) -> torch.Tensor:
     """The kernel's 32-bit hash on int64 values in [0, 2^32) (products stay below 2^63)."""
-    c1, c2 = _HASH_MULTIPLIERS
-    x = x ^ (x >> 16)
-    x = (x * c1) & _MASK32
-    x = x ^ (x >> 15)
-    x = (x * c2) & _MASK32
-    return x ^ (x >> 15)
+    from kernels.segment_noise.reference import hash32
+
+    return hash32(x)
 
 
 def counter_uniform(numel: int, keys: tuple[int, int]) -> torch.Tensor:

@@ -32,9 +32,10 @@ import torch
 from torch import Tensor
 
 from kernels.segment_noise import segment_noise
+from kernels.segment_noise.reference import hash32 as hash32_tensor
 
 _MASK32 = 0xFFFFFFFF
-_HASH_MULTIPLIERS = (0x21F0AAAD, 0x735A2D97)  # kernels._native's lowbias32
+_HASH_MULTIPLIERS = (0x21F0AAAD, 0x735A2D97)  # kernels._native's lowbias32, on Python ints
 
 
 class Segments:
@@ -132,16 +133,6 @@ def hash32(x: int) -> int:
     x ^= x >> 16
     x = (x * c1) & _MASK32
     x ^= x >> 15
-    x = (x * c2) & _MASK32
-    return x ^ (x >> 15)
-
-
-def hash32_tensor(x: Tensor) -> Tensor:
-    """:func:`hash32` on int64 tensors of values in [0, 2^32) (products stay below 2^63)."""
-    c1, c2 = _HASH_MULTIPLIERS
-    x = x ^ (x >> 16)
-    x = (x * c1) & _MASK32
-    x = x ^ (x >> 15)
     x = (x * c2) & _MASK32
     return x ^ (x >> 15)
 
