@@ -1,7 +1,7 @@
-"""GradientSync's fused route: a bucket compressed in a fixed number of launches, no host read.
+"""RouteHost's fused route: a bucket compressed in a fixed number of launches, no host read.
 
 Where the compressor :meth:`~common.compressors.base.Compressor.fuses` and the route is on (by
-default on CUDA tensors; ``GradientSync(fused=True)`` anywhere, ``False`` never), a bucket is one
+default on CUDA tensors; ``RouteHost(fused=True)`` anywhere, ``False`` never), a bucket is one
 unit whose tensors are the segments of :mod:`common.compressors.segments`: compensated in one
 pass (error feedback keeps one flat residual per bucket), compressed with each tensor's own
 semantics in one call, sent in one collective, decoded in one call. Per-tensor quantities (a
@@ -15,7 +15,7 @@ started by the previous one's completion, so a DDP hook returns at once.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -25,21 +25,13 @@ from torch.futures import Future
 from ..compressors.base import Payload
 from ..compressors.segments import SegmentDraws, Segments
 from .collectives import all_gather_variable_async, get_rank, get_world_size
-
-if TYPE_CHECKING:
-    from .sync import GradientSync
-
-
-def fused_enabled(setting: bool | None, device: torch.device) -> bool:
-    """``GradientSync(fused=...)``: None (default) fuses on CUDA, where launches and host reads
-    cost the step; on a CPU the per-tensor route's compiled kernels are the faster."""
-    return device.type == "cuda" if setting is None else setting
+from .route import RouteHost, Step, code_route, fused_enabled
 
 
 class FusedRoute:
     """The fused route of one :class:`~common.comm.sync.GradientSync` (its layouts, by bucket)."""
 
-    def __init__(self, sync: GradientSync) -> None:
+    def __init__(self, sync: RouteHost) -> None:
         self.sync = sync
         self._layouts: dict[tuple[Any, ...], Segments] = {}
 
@@ -74,8 +66,6 @@ class FusedRoute:
     def compress(self, names: list[str], flat: Tensor, sizes: list[int], segments: Segments) -> Any:
         """Compensate, compress the whole bucket, and update the residual (what this rank sends
         is known now: the residual does not wait for the collective)."""
-        from .sync import _Step
-
         sync = self.sync
         ef, compressor = sync.error_feedback, sync.compressor
         with sync.stats.phase("compress", flat.device):
@@ -84,7 +74,7 @@ class FusedRoute:
             if ef is not None:
                 sent = compressor.decode_segments_into([payload], torch.empty_like(compensated))
                 ef.update(names, compensated, sent, sizes)
-        return _Step(names, sizes, flat, compensated, payload, None, fused=True)
+        return Step(names, sizes, flat, compensated, payload, None, fused=True)
 
     def finish(self, step: Any, gathered: list[Payload] | None) -> Tensor:
         """Decode the sum (or every rank's payload) into the bucket and divide by the world size."""
@@ -112,7 +102,7 @@ class FusedRoute:
         draws = self.draws(segments)
         shared = compressor.needs.scaler_round == "max"
         agreed = _all_reduce_async(own_S.clone(), dist.ReduceOp.MAX, sync) if shared else _done(own_S)
-        route = sync._code_route(world)
+        route = code_route(compressor, world)
         stats.routes[f"{compressor.name}-{'int8-allreduce' if route == 'allreduce' else 'allgather'}"] += len(
             segments
         )
@@ -155,7 +145,7 @@ def _done(value: Any) -> Future[Any]:
     return future
 
 
-def _all_reduce_async(tensor: Tensor, op: Any, sync: GradientSync) -> Future[Tensor]:
+def _all_reduce_async(tensor: Tensor, op: Any, sync: RouteHost) -> Future[Tensor]:
     """An all-reduce in the background (counted in the stats), as a future of the tensor; at
     world size 1 nothing is sent and the future is done."""
     if get_world_size(sync.group) == 1:

@@ -57,7 +57,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from itertools import pairwise
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 import torch
 from torch import Tensor
@@ -65,10 +65,7 @@ from torch.futures import Future
 
 from ..compressors.powersgd import PowerSGD, matrix_shape, orthogonalize_, square_shape
 from .collectives import all_reduce_sum_async, get_world_size
-from .fused import fused_enabled
-
-if TYPE_CHECKING:
-    from .sync import GradientSync
+from .route import RouteHost, fused_enabled
 
 #: A bucket layout's key: its tensors' names and sizes, and its device.
 LayoutKey = tuple[tuple[str, ...], tuple[int, ...], torch.device]
@@ -114,13 +111,13 @@ class BucketLayout:
         self.head = self.first[: sum(self.dense_numels)]
 
 
-def reduce_low_rank(sync: GradientSync, names: list[str], flat: Tensor, sizes: list[int]) -> Tensor:
+def reduce_low_rank(sync: RouteHost, names: list[str], flat: Tensor, sizes: list[int]) -> Tensor:
     """:func:`reduce_low_rank_async`, waited for."""
     return reduce_low_rank_async(sync, names, flat, sizes).wait()
 
 
 def reduce_low_rank_async(
-    sync: GradientSync, names: list[str], flat: Tensor, sizes: list[int]
+    sync: RouteHost, names: list[str], flat: Tensor, sizes: list[int]
 ) -> Future[Tensor]:
     """A future of the mean over ranks of ``flat`` (the tensors ``names`` of ``sizes``), written
     into ``flat``; it updates the residuals and the warm-start Qs (module docstring). Completed at
@@ -170,7 +167,7 @@ def reduce_low_rank_async(
 class _Flight:
     """One bucket between its rounds: what the callbacks of its futures need."""
 
-    sync: GradientSync
+    sync: RouteHost
     compressor: PowerSGD
     layout: BucketLayout
     names: list[str]
@@ -267,7 +264,7 @@ class _Flight:
         ef.clear(self.layout.dense_names)
 
 
-def _start_qs(sync: GradientSync, compressor: PowerSGD, layout: BucketLayout, device: torch.device) -> None:
+def _start_qs(sync: RouteHost, compressor: PowerSGD, layout: BucketLayout, device: torch.device) -> None:
     """Every group's Q, orthogonalized as one batch: each unit's warm start (as the hook
     re-orthogonalizes its memory), or a draw from the shared generator keyed by the unit."""
     for group in layout.groups:
@@ -303,7 +300,7 @@ def _matrices(group: _Group, compensated: Tensor, parts: list[Tensor]) -> Tensor
 
 
 def _layout(
-    sync: GradientSync, compressor: PowerSGD, names: list[str], flat: Tensor, sizes: list[int]
+    sync: RouteHost, compressor: PowerSGD, names: list[str], flat: Tensor, sizes: list[int]
 ) -> BucketLayout:
     """The bucket's layout, built at its first reduction. A tensor is in one bucket at a time:
     a new layout drops those that share a name with it (DDP rebuilt its buckets)."""
@@ -319,7 +316,7 @@ def _layout(
 
 
 def _build_layout(
-    sync: GradientSync, compressor: PowerSGD, names: list[str], flat: Tensor, sizes: list[int]
+    sync: RouteHost, compressor: PowerSGD, names: list[str], flat: Tensor, sizes: list[int]
 ) -> BucketLayout:
     units = [(unit_names, part.numel()) for unit_names, part, _ in sync._units(names, flat, sizes)]
     # Same-shape units batched (one bmm per shape) on the fused route (CUDA by default), where a
@@ -379,7 +376,7 @@ def _build_layout(
     )
 
 
-def _matrix_shape(sync: GradientSync, names: list[str], numel: int) -> tuple[int, int]:
+def _matrix_shape(sync: RouteHost, names: list[str], numel: int) -> tuple[int, int]:
     """A unit's matrix: a tensor's (rows, rest), a vector's one column, else a square."""
     shape = sync.shapes.get(names[0]) if len(names) == 1 else None
     if shape is not None and len(shape) >= 2:

@@ -32,27 +32,12 @@ from .collectives import (
 from .fused import FusedRoute
 from .hierarchy import HostHierarchy
 from .low_rank import BucketLayout, LayoutKey, reduce_low_rank, reduce_low_rank_async
+from .route import Step, code_route
 from .stats import CommStats
 
 log = logging.getLogger(__name__)
 
 TRANSPORTS = ("auto", "allreduce", "allgather")
-
-
-@dataclass
-class _Step:
-    """One bucket between compression and decompression."""
-
-    names: list[str]
-    sizes: list[int]
-    flat: Tensor
-    compensated: Tensor
-    payload: Payload
-    sent: Tensor | None
-    #: A sparsifier's ``(indices, values)`` in place of a dense ``sent`` (``ErrorFeedback.update_sparse``).
-    sparse: tuple[Tensor, Tensor] | None = None
-    #: The fused route's (``common.comm.fused``): the whole bucket, its residual already updated.
-    fused: bool = False
 
 
 @dataclass
@@ -349,7 +334,7 @@ class GradientSync:
 
         return torch.futures.collect_all(futures).then(finish)
 
-    def _compress_units(self, names: Sequence[str], flat: Tensor, sizes: Sequence[int]) -> list[_Step]:
+    def _compress_units(self, names: Sequence[str], flat: Tensor, sizes: Sequence[int]) -> list[Step]:
         """Compress a bucket: whole on the fused route where it serves, else unit by unit."""
         segments = self._fused.layout(names, flat, sizes)
         if segments is not None:
@@ -367,7 +352,7 @@ class GradientSync:
             ([n], part, [size]) for n, part, size in zip(names, flat.split(list(sizes)), sizes, strict=True)
         ]
 
-    def _all_reduce_payloads(self, steps: list[_Step], *, async_op: bool) -> list[_Reduction]:
+    def _all_reduce_payloads(self, steps: list[Step], *, async_op: bool) -> list[_Reduction]:
         """Sum every payload's wire tensors over ranks: one all-reduce per dtype, the tensors of
         one dtype fused into one buffer when there are several."""
         by_dtype: dict[torch.dtype, list[Tensor]] = {}
@@ -387,12 +372,12 @@ class GradientSync:
             reductions.append(_Reduction(buffer, tensors, work.get_future()))
         return reductions
 
-    def _all_gather_payloads(self, steps: list[_Step]) -> list[list[Payload]]:
+    def _all_gather_payloads(self, steps: list[Step]) -> list[list[Payload]]:
         """Every rank's payloads, all of a bucket's wire tensors in one (variable-size) all-gather."""
         keys = [list(step.payload.wire) for step in steps]
         return self._split_gathered(steps, keys, self._gather_wire(steps, all_gather_variable))
 
-    def _gather_wire(self, steps: list[_Step], gather: Any) -> Any:
+    def _gather_wire(self, steps: list[Step], gather: Any) -> Any:
         """``gather`` (blocking or not) of every step's wire tensors, in order, in one collective."""
         return gather(
             [t for step in steps for t in step.payload.wire.values()],
@@ -404,7 +389,7 @@ class GradientSync:
 
     @staticmethod
     def _split_gathered(
-        steps: list[_Step], keys: list[list[str]], per_rank: list[list[Tensor]]
+        steps: list[Step], keys: list[list[str]], per_rank: list[list[Tensor]]
     ) -> list[list[Payload]]:
         """``per_rank[r]``: rank r's wire tensors of every step, in order -> each step's payloads."""
         gathered: list[list[Payload]] = [[] for _ in steps]
@@ -417,7 +402,7 @@ class GradientSync:
         return gathered
 
     def _finish_all(
-        self, steps: list[_Step], gathered: Sequence[list[Payload] | None], flat: Tensor
+        self, steps: list[Step], gathered: Sequence[list[Payload] | None], flat: Tensor
     ) -> Tensor:
         means = [self._finish(step, g) for step, g in zip(steps, gathered, strict=True)]
         if len(means) == 1:
@@ -426,7 +411,7 @@ class GradientSync:
             return flat  # every unit's mean was written into its own slice of the input
         return torch.cat(means)
 
-    def _compress(self, names: list[str], flat: Tensor, sizes: list[int]) -> _Step:
+    def _compress(self, names: list[str], flat: Tensor, sizes: list[int]) -> Step:
         ef = self.error_feedback
         with self.stats.phase("compress", flat.device):
             compensated = ef.compensate(names, flat, sizes) if ef is not None else flat
@@ -446,7 +431,7 @@ class GradientSync:
                         for k, v in payload.wire.items()
                     }
                 )
-        return _Step(names, sizes, flat, compensated, payload, sent, sparse)
+        return Step(names, sizes, flat, compensated, payload, sent, sparse)
 
     def _sparse_sent(
         self, payload: Payload, flat: Tensor, compensated: Tensor
@@ -467,7 +452,7 @@ class GradientSync:
             return None
         return sparse
 
-    def _finish(self, step: _Step, gathered: list[Payload] | None) -> Tensor:
+    def _finish(self, step: Step, gathered: list[Payload] | None) -> Tensor:
         """Decompress (the sum, or every rank's payload), divide by the world size, update the
         residual."""
         if step.fused:
@@ -499,15 +484,7 @@ class GradientSync:
     # -- scaled codes (needs.scaled_codes: TernGrad) -------------------------------------------------
 
     def _code_route(self, world: int) -> str:
-        """Per tensor: all-gather 2-bit codes (2 (W-1) bits per element through each rank) or
-        all-reduce int8 code sums (ring: 8 x 2 (W-1) / W), the latter only with agreed scalers;
-        "auto" takes the fewer bits: all-reduce from W = 9 on."""
-        choice = cast(ScaledCodes, self.compressor).code_transport
-        if self.compressor.needs.scaler_round != "max":
-            return "allgather"
-        if choice != "auto":
-            return str(choice)
-        return "allreduce" if 8 * 2 * (world - 1) / world < 2 * (world - 1) else "allgather"
+        return code_route(self.compressor, world)
 
     def _check_fp32_layers(self, names: Sequence[str]) -> None:
         """Unknown names in the compressor's fp32 list fail at the first step, naming the known ones."""
@@ -538,7 +515,7 @@ class GradientSync:
                 all_reduce_sum_(step.dense_sum, stats=self.stats, group=self.group)
             gathered_units = [i for i in step.ternary if i not in step.summed]
             if gathered_units:
-                steps = [_Step([], [], flat, flat, step.payloads[i], None) for i in gathered_units]
+                steps = [Step([], [], flat, flat, step.payloads[i], None) for i in gathered_units]
                 for i, g in zip(gathered_units, self._all_gather_payloads(steps), strict=True):
                     step.gathered[i] = g
         with self.stats.phase("decompress", flat.device):
