@@ -671,7 +671,7 @@ class GPT2LanguageModel(nn.Module):
     loss). ``dropout`` sets the embedding, attention and residual dropout. Nothing is downloaded:
     only a config is built, never ``from_pretrained``. The output matrix is tied to the token
     embedding, as in GPT-2, unless ``tied=False`` (a pipeline puts the two on different stages:
-    ``strategy: pipeline``, :class:`common.pipeline.GPT2Stage`). ``self.gpt2`` is the
+    ``strategy: pipeline``, sparse AxoNN's ``GPT2Stage``). ``self.gpt2`` is the
     ``transformers.GPT2LMHeadModel``; its parameter names (``transformer.h.0.attn.c_attn.weight``)
     are the ones mask files and pipeline stages use.
     """

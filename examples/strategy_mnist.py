@@ -20,7 +20,8 @@ method state per rank at the end and resumes from them: the continued run equals
 one bit for bit.
 
 Sparse AxoNN's masks here prune the freshly initialised weights by magnitude; its pipeline prunes a
-trained model (``papers/sparse_axonn/prune.py``) and loads the masks with ``common.pruning.load_masks``.
+trained model (``papers/sparse_axonn/prune.py``) and loads the masks with
+``papers.sparse_axonn.pruning.load_masks`` (sparse AxoNN's own code lives in its paper's folder).
 """
 
 from __future__ import annotations
@@ -37,15 +38,15 @@ from common.comm import GradientSync
 from common.compressors import build_compressor
 from common.data import load_dataset
 from common.gossip import GossipStrategy
-from common.pruning import magnitude_masks
 from common.strategies import (
-    CompactDataParallel,
     DataParallel,
     DetachedEFDataParallel,
     DGCDataParallel,
     SparseDataParallel,
     SyncStrategy,
 )
+from papers.sparse_axonn.pruning import magnitude_masks
+from papers.sparse_axonn.strategies import CompactDataParallel
 
 METHODS = ("terngrad", "qsgd", "dgc", "def", "def_a", "exdyna", "matcha", "sparse_axonn")
 

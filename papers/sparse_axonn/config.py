@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from common.pruning import SCOPES, check_sparsity
+from .pruning import SCOPES, check_sparsity
 
 METHODS = ("dense", "sparse", "sputnik")
 GRADS = ("dense", "packed")
@@ -190,7 +190,7 @@ class RunSpec:
     all-reduce of the kept gradient entries). ``grads: packed`` also drops the dense gradients:
     each is packed into the compact buffer as soon as autograd has accumulated it (see
     :mod:`papers.sparse_axonn.sparse_state`). ``sputnik``: the pruned layers as CSR matmuls
-    (``common.sparse_compute``) with the same compact optimizer and all-reduce.
+    (``papers.sparse_axonn.sparse_compute``) with the same compact optimizer and all-reduce.
     """
 
     method: str

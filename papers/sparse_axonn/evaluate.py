@@ -24,12 +24,12 @@ from typing import Any
 import torch
 
 from common.fileio import atomic_write_json
-from common.pruning import load_masks, pruned_nonzero
 from common.tracking import Tracker, git_sha
 
 from .config import ScaleConfig
 from .model import build_gpt2, evaluate, load_split
 from .params import OUT, PIPELINE
+from .pruning import load_masks, pruned_nonzero
 
 
 def _read_json(path: Path) -> Any:

@@ -3,8 +3,9 @@
 The configuration effect of the paper (research/papers.md 1.3(c)): the memory the compact state
 saves lets the same model fit in fewer pipeline stages, so a fixed number of ranks is spent on more
 data-parallel replicas and fewer point-to-point boundaries. Here, for each number of stages S, each
-stage of :func:`common.pipeline.split_blocks` is built from the model and its bytes are counted
-from its tensors (:func:`common.compact.model_state_bytes`), in two accountings:
+stage of :func:`~papers.sparse_axonn.pipeline_stages.split_blocks` is built from the model and its
+bytes are counted from its tensors (:func:`~papers.sparse_axonn.compact.model_state_bytes`), in two
+accountings:
 
 - ``fp32`` (what our runs hold): dense AdamW ``16 N``; sparse AxoNN with dense gradients
   ``8 N + 16 K``; with packed gradients ``4 N + 16 K`` (N, K: the stage's trainable and kept entries);
@@ -23,10 +24,8 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from common.compact import MaskLayout, model_state_bytes
-from common.pipeline import GPT2Stage
-
-from .sparse_state import stage_masks
+from .compact import MaskLayout, model_state_bytes, stage_masks
+from .pipeline_stages import GPT2Stage
 
 MIXED_DENSE_BYTES = 20  # per parameter: fp16 w + fp16 g + fp32 g + fp32 master + m + v (AxoNN)
 MIXED_SPARSE_DENSE_BYTES = 4  # per parameter: fp16 w + fp16 g

@@ -1,8 +1,9 @@
 """The model, the batches and the evaluation that the prune and train stages share.
 
 The model is ``transformers.GPT2LMHeadModel`` itself (not ``common.models.GPT2LanguageModel``,
-which wraps it and ties the output matrix): :class:`common.pipeline.GPT2Stage` splits this one, and
-the mask files are keyed by its parameter names (``transformer.h.0.attn.c_attn.weight``...).
+which wraps it and ties the output matrix): :class:`~papers.sparse_axonn.pipeline_stages.GPT2Stage`
+splits this one, and the mask files are keyed by its parameter names
+(``transformer.h.0.attn.c_attn.weight``...).
 """
 
 from __future__ import annotations

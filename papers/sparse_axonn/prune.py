@@ -19,9 +19,9 @@ run from the rewind step on. Validation perplexity of the dense model, of each m
 trained dense weights without retraining, and of each retrained model.
 
 Outputs (under ``--out``, default ``results/sparse_axonn``): ``masks/<name>.pt``
-(``common.pruning.save_masks``), ``rewind.pt`` (the rewind state dict), ``prune.json`` (perplexities,
-sparsities, per-tensor kept fractions, loss curves, the stage-split memory table of
-:mod:`papers.sparse_axonn.memory`, MLflow run id, git sha) and ``prune.md``.
+(:func:`~papers.sparse_axonn.pruning.save_masks`), ``rewind.pt`` (the rewind state dict),
+``prune.json`` (perplexities, sparsities, per-tensor kept fractions, loss curves, the stage-split
+memory table of :mod:`papers.sparse_axonn.memory`, MLflow run id, git sha) and ``prune.md``.
 """
 
 from __future__ import annotations
@@ -39,7 +39,15 @@ from torch import Tensor, nn
 from common.comm import CommStats
 from common.distributed import seed_everything
 from common.fileio import atomic_write, atomic_write_json, atomic_write_text
-from common.pruning import (
+from common.tracking import Tracker, git_sha
+from common.verdict import plateau
+
+from .compact import CompactTraining
+from .config import ScaleConfig
+from .memory import configurations
+from .model import batch, build_gpt2, evaluate, load_split, logits_of
+from .params import convergence, flatten, load_config, out_dir
+from .pruning import (
     apply_masks,
     magnitude_masks,
     masks_sparsity,
@@ -47,14 +55,7 @@ from common.pruning import (
     pruned_nonzero,
     save_masks,
 )
-from common.tracking import Tracker, git_sha
-from common.verdict import plateau
-
-from .config import ScaleConfig
-from .memory import configurations
-from .model import batch, build_gpt2, evaluate, load_split, logits_of
-from .params import convergence, flatten, load_config, out_dir
-from .sparse_state import CompactTraining, dense_optimizer
+from .sparse_state import dense_optimizer
 
 log = logging.getLogger("sparse_axonn.prune")
 

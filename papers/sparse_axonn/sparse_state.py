@@ -1,8 +1,7 @@
 """Sparse AxoNN's model-state accounting and timing around the pipeline trainer.
 
-The compact state itself (:class:`common.compact.CompactTraining`: compact AdamW, compact
-all-reduce, packed gradients) lives in ``common`` since the thinwire loop trains pipeline stages
-too (``strategy: pipeline``); it is re-exported here for the prune and train stages.
+The compact state itself (:class:`~papers.sparse_axonn.compact.CompactTraining`: compact AdamW,
+compact all-reduce, packed gradients) is :mod:`papers.sparse_axonn.compact`.
 """
 
 from __future__ import annotations
@@ -10,11 +9,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from common.compact import STATE_CATEGORIES, CompactAdamW, CompactTraining, model_state_bytes, stage_masks
-
+from .compact import STATE_CATEGORIES, CompactAdamW, model_state_bytes
 from .config import OptimConfig
 
-__all__ = ["CompactTraining", "dense_optimizer", "stage_masks", "state_bytes"]
+__all__ = ["dense_optimizer", "state_bytes"]
 
 
 def state_bytes(
@@ -24,7 +22,7 @@ def state_bytes(
     packed: bool = False,
     grad_bytes: int | None = None,
 ) -> dict[str, int]:
-    """Bytes per category (``common.compact.STATE_CATEGORIES``), ``total`` and the index bytes.
+    """Bytes per category (``compact.STATE_CATEGORIES``), ``total`` and the index bytes.
 
     From the live tensors: parameters, the gradients that exist now (dense: torch AdamW's, or the
     paper's dense gradients; ``packed``: none persists, so 0, and ``grad_transient`` is the

@@ -8,8 +8,8 @@ asks it for each run's config (:func:`stage_config`, which first checks the prun
 rewind state in ``--inputs``, default ``results/sparse_axonn``, against the model: a mask that does
 not fit fails there, before any rank starts) and its ranks train each run through
 :func:`train_run`: the thinwire loop (:func:`common.train.train`) with ``strategy: pipeline``
-(:class:`common.strategies.PipelineDataParallel`), each rank one stage, checkpointed, restartable
-and tracked like every other run, plus this stage's measurements.
+(:class:`~papers.sparse_axonn.strategies.pipeline.PipelineDataParallel`), each rank one stage,
+checkpointed, restartable and tracked like every other run, plus this stage's measurements.
 
 Every run starts from the prune stage's rewind state (step ``prune.rewind_step``), with the mask
 applied for the sparse methods, and trains ``train.steps`` steps on the same global batches (steps
@@ -48,18 +48,18 @@ from common.config import RunConfig
 from common.distributed import DistContext, barrier
 from common.fileio import atomic_write_json, atomic_write_text
 from common.paths import REPO_ROOT
-from common.pipeline import GPT2Stage
-from common.pruning import load_masks
-from common.pruning import pruned_nonzero as count_pruned_nonzero
-from common.sparse_compute import SparseLinear, to_sparse_compute
-from common.strategies import PipelineDataParallel
 from common.tracking import Tracker
 from common.train import StepInfo, train, trained_model_file
 
 from .config import RunSpec, ScaleConfig
 from .model import build_gpt2, evaluate, load_split
 from .params import load_config
+from .pipeline_stages import GPT2Stage
+from .pruning import load_masks
+from .pruning import pruned_nonzero as count_pruned_nonzero
+from .sparse_compute import SparseLinear, to_sparse_compute
 from .sparse_state import state_bytes
+from .strategies import PipelineDataParallel
 
 log = logging.getLogger("sparse_axonn.train")
 

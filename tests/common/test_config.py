@@ -205,6 +205,8 @@ def test_a_setting_the_strategy_ignores_is_an_error_naming_it(values, message):
 
 def test_the_settings_a_strategy_ignores_pass_at_their_neutral_value():
     for strategy, cls in STRATEGIES.items():
+        if isinstance(cls, str):
+            continue  # a paper's, imported by its own tests (tests/papers/)
         neutral = {name: value for name, value, _ in cls.ignores}
         assert neutral == {name: getattr(RunConfig(), name) for name in neutral}, strategy  # the defaults
     RunConfig.from_dict(

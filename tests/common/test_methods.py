@@ -3,6 +3,8 @@ declares, never on its name or on probing its attributes."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -15,10 +17,12 @@ from common.compressors.terngrad import TernGrad
 from common.config import RunConfig
 from common.methods import STRATEGIES, strategy_class
 from common.options import Options
+from common.paths import REPO_ROOT
 from common.strategies import SyncStrategy
 from common.strategies.base import MethodNeeds
 from common.train import default_strategy
 from tests.distributed import run_ranks
+from tests.helpers.strategies import assert_scheduled_lr_survives_a_resume
 
 
 def test_terngrad_declares_its_rounds_and_the_others_declare_none():
@@ -71,14 +75,50 @@ def test_gradient_sync_takes_the_route_the_compressor_declares(tmp_path):
         assert routes == {} and "all_reduce" not in calls  # attributes alone choose nothing
 
 
+LIBRARY_STRATEGIES = {name: cls for name, cls in STRATEGIES.items() if not isinstance(cls, str)}
+
+
 def test_every_strategy_is_registered_under_the_name_it_declares():
     assert list(STRATEGIES) == [
         "data_parallel", "dgc", "def", "sparse", "gossip", "compact", "torch_hook", "pipeline",
     ]  # fmt: skip
-    for name, cls in STRATEGIES.items():
+    for name, cls in LIBRARY_STRATEGIES.items():
         assert cls.name == name and isinstance(cls.needs, MethodNeeds)
-    with pytest.raises(ValueError, match="unknown strategy 'ddp'; valid: data_parallel, dgc, def"):
+    # a paper's strategy by name only (tests/papers/ import them)
+    assert {name: entry for name, entry in STRATEGIES.items() if isinstance(entry, str)} == {
+        "compact": "papers.sparse_axonn.strategies.compact:CompactDataParallel",
+        "pipeline": "papers.sparse_axonn.strategies.pipeline:PipelineDataParallel",
+    }
+    with pytest.raises(
+        ValueError,
+        match="unknown strategy 'ddp'; valid: data_parallel, dgc, def, sparse, gossip, compact, "
+        "torch_hook, pipeline$",
+    ):
         strategy_class("ddp")
+
+
+def test_the_library_imports_a_papers_strategy_only_when_a_run_names_it():
+    code = (
+        "import sys\n"
+        "from common.config import RunConfig\n"
+        "from common.train import default_strategy\n"
+        "default_strategy(RunConfig.from_dict({'strategy': 'dgc', 'compressor': 'dgc', "
+        "'compressor_options': {'density': 0.01}}))\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('papers', 'pipelines')))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.strip() == "[]"
+
+
+def test_a_registered_strategy_that_cannot_be_imported_says_which(monkeypatch):
+    monkeypatch.setitem(STRATEGIES, "gone", "papers.no_such_paper:Gone")
+    with pytest.raises(ImportError, match="strategy 'gone' is papers.no_such_paper:Gone, which cannot be"):
+        strategy_class("gone")
+    monkeypatch.setitem(STRATEGIES, "misnamed", "common.strategies:DataParallel")
+    with pytest.raises(TypeError, match="not a SyncStrategy named 'misnamed'"):
+        strategy_class("misnamed")
 
 
 class _OwnUpdate(SyncStrategy):
@@ -132,43 +172,24 @@ def test_a_strategy_with_its_own_exchange_refuses_a_compressor(monkeypatch):
 
 
 def test_every_strategy_has_typed_frozen_options():
-    for name, cls in STRATEGIES.items():
-        options = cls.check_options({"masks": "m.pt"} if name == "compact" else {}, 8)
+    for name, cls in LIBRARY_STRATEGIES.items():
+        options = cls.check_options({}, 8)
         assert isinstance(options, Options) and hash(options) == hash(options), name
         with pytest.raises(AttributeError):
             options.anything = 1  # type: ignore[attr-defined]  # frozen: a run cannot change them
-    dgc = STRATEGIES["dgc"].check_options({"warmup": [0.25, 0.0625]}, 2)
+    dgc = strategy_class("dgc").check_options({"warmup": [0.25, 0.0625]}, 2)
     assert dgc.warmup == (0.25, 0.0625)  # type: ignore[attr-defined]  # YAML's list, kept as a tuple
 
 
-def _def_strategy() -> SyncStrategy:
-    from common.strategies import DetachedEFDataParallel
-
-    return DetachedEFDataParallel(
-        build_compressor("random_block", density=0.5), momentum=0.9, weight_decay=0.0
-    )
-
-
-def _compact_strategy() -> SyncStrategy:
-    from common.strategies import CompactDataParallel
-
-    return CompactDataParallel({"0.weight": torch.ones(3, 4, dtype=torch.bool)})
-
-
 @pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before")
-@pytest.mark.parametrize("make", [_def_strategy, _compact_strategy], ids=["def", "compact"])
-def test_a_strategy_reads_the_scheduled_lr_through_its_optimizer_also_after_a_resume(make):
+def test_a_strategy_reads_the_scheduled_lr_through_its_optimizer_also_after_a_resume():
     """``Optimizer.load_state_dict`` (what a resumed run does) replaces the optimizer's group dicts and
     the scheduler writes into the new ones: a strategy that kept the dicts it returned read the lr of
-    its first step for the rest of a resumed run (found with the pipeline's resume test)."""
-    model = torch.nn.Sequential(torch.nn.Linear(4, 3))
-    strategy = make()
-    optimizer = strategy.optimizer(
-        model, torch.optim.AdamW if "Compact" in type(strategy).__name__ else torch.optim.SGD, lr=0.5
+    its first step for the rest of a resumed run (found with the pipeline's resume test; sparse
+    AxoNN's compact strategy: tests/papers/sparse_axonn/test_compact_strategy.py)."""
+    from common.strategies import DetachedEFDataParallel
+
+    strategy = DetachedEFDataParallel(
+        build_compressor("random_block", density=0.5), momentum=0.9, weight_decay=0.0
     )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: (step + 1) / 4)
-    assert strategy.scheduled_lr() == 0.125
-    optimizer.load_state_dict(optimizer.state_dict())  # resume: new group dicts
-    scheduler.step()
-    assert optimizer.param_groups[0]["lr"] == 0.25
-    assert strategy.scheduled_lr() == 0.25
+    assert_scheduled_lr_survives_a_resume(strategy, torch.optim.SGD)

@@ -1,4 +1,4 @@
-"""Magnitude pruning, iterative pruning with rewinding, and mask files (common.pruning)."""
+"""Magnitude pruning, iterative pruning with rewinding, and mask files (papers.sparse_axonn.pruning)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from common.pruning import (
+from papers.sparse_axonn.pruning import (
     apply_masks,
     check_masks,
     load_masks,

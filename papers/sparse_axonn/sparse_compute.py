@@ -17,7 +17,7 @@ CSR constructor goes through ``to_dense()`` + ``sparse_mask``, a dense ``out x i
 the backward is not memory-sparse (the forward and the SDDMM of the Linear layout are).
 
 ``values`` holds the kept weights in the dense weight's flat row-major order, the same order as
-``kernels.masked_compact.mask_to_indices`` and hence :class:`common.compact.MaskLayout`.
+``kernels.masked_compact.mask_to_indices`` and hence :class:`papers.sparse_axonn.compact.MaskLayout`.
 """
 
 from __future__ import annotations

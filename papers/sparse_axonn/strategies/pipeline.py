@@ -1,9 +1,10 @@
 """Sparse AxoNN's inter-layer (pipeline) x data parallelism as a sync strategy of the thinwire loop.
 
-AxoNN's 2-D hybrid (Singh & Bhatele, IPDPS'22/'23; :mod:`common.pipeline`): the world is ``S``
-pipeline stages x ``R`` data-parallel replicas, ``rank = replica * S + stage``. The loop builds the
-whole model (a ``gpt2_small`` with ``tied: false``) on every rank; :meth:`PipelineDataParallel.shard`
-keeps this rank's stage (:class:`common.pipeline.GPT2Stage`) and the loop trains only that: its
+AxoNN's 2-D hybrid (Singh & Bhatele, IPDPS'22/'23; :mod:`papers.sparse_axonn.pipeline_stages`):
+the world is ``S`` pipeline stages x ``R`` data-parallel replicas, ``rank = replica * S + stage``.
+The loop builds the whole model (a ``gpt2_small`` with ``tied: false``) on every rank;
+:meth:`PipelineDataParallel.shard` keeps this rank's stage
+(:class:`~papers.sparse_axonn.pipeline_stages.GPT2Stage`) and the loop trains only that: its
 checkpoints hold the stage's parameters, the compact optimizer state and the counters.
 
 Per step, on each rank: the ranks of a replica read the same batch (``batch_size`` is per replica:
@@ -15,8 +16,9 @@ makes the sum the mean over the global batch) and AdamW steps:
 
 - with ``masks`` (the prune stage's file): sparse AxoNN. Only the unpruned entries are all-reduced,
   in one compact vector, and AdamW keeps fp32 master weights and moments of those entries only
-  (:class:`common.compact.CompactTraining`); pruned weights stay exactly zero. ``compute: csr``
-  also runs the pruned layers as CSR matmuls (the Sputnik-like baseline, ``common.sparse_compute``);
+  (:class:`~papers.sparse_axonn.compact.CompactTraining`); pruned weights stay exactly zero.
+  ``compute: csr`` also runs the pruned layers as CSR matmuls (the Sputnik-like baseline,
+  :mod:`papers.sparse_axonn.sparse_compute`);
 - without: dense AxoNN, one flat all-reduce of the stage's gradients and the run's AdamW on every
   entry (its optimizer state is torch's: m and v, no fp32 master copy).
 
@@ -47,17 +49,25 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from ..comm.collectives import all_reduce_sum_, get_world_size, is_distributed
-from ..comm.stats import CommStats
+from common.comm.collectives import all_reduce_sum_, get_world_size, is_distributed
+from common.comm.stats import CommStats
+from common.options import Options
+from common.strategies.base import LossFn, MethodNeeds, SyncStrategy
+
 from ..compact import CompactTraining, stage_masks
-from ..options import Options
-from ..pipeline import SCHEDULES, GPT2Stage, PipelineTrainer, ProcessGrid, flat_all_reduce_grads, grid_shape
+from ..pipeline_stages import (
+    SCHEDULES,
+    GPT2Stage,
+    PipelineTrainer,
+    ProcessGrid,
+    flat_all_reduce_grads,
+    grid_shape,
+)
 from ..pruning import apply_masks, load_masks
 from ..sparse_compute import to_sparse_compute
-from .base import LossFn, MethodNeeds, SyncStrategy
 
 if TYPE_CHECKING:
-    from ..config import RunConfig
+    from common.config import RunConfig
 
 _EXCHANGE = (
     "sends activations point to point along each replica's stages and all-reduces each stage's "
@@ -126,7 +136,7 @@ def check_pipeline_options(options: Any, world_size: int) -> PipelineOptions:
 
 def _language_model(model: nn.Module) -> nn.Module:
     """The ``transformers.GPT2LMHeadModel`` inside ``model`` (a ``gpt2_small``), or ``model`` itself."""
-    from ..models import GPT2LanguageModel
+    from common.models import GPT2LanguageModel
 
     return model.gpt2 if isinstance(model, GPT2LanguageModel) else model
 

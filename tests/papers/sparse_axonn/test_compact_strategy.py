@@ -15,10 +15,11 @@ from common.data import load_dataset
 from common.data.sampling import epoch_batches
 from common.distributed import DistContext, seed_everything
 from common.models import build_model
-from common.pruning import apply_masks, load_masks, magnitude_masks, save_masks
-from common.strategies import CompactDataParallel
 from common.train import MODEL_FILE, default_strategy, train
+from papers.sparse_axonn.pruning import apply_masks, load_masks, magnitude_masks, save_masks
+from papers.sparse_axonn.strategies import CompactDataParallel
 from tests.distributed import run_ranks
+from tests.helpers.strategies import assert_scheduled_lr_survives_a_resume
 
 BASE = {
     "dataset": "mnist",
@@ -131,3 +132,10 @@ def test_a_compact_run_names_its_masks_and_uses_adamw(tmp_path):
     )
     with pytest.raises(FileNotFoundError, match="no.pt does not exist: run the prune stage first"):
         default_strategy(config)
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before")
+def test_the_compact_strategy_reads_the_scheduled_lr_through_its_optimizer_also_after_a_resume():
+    """The compact AdamW reads the lr the run's scheduler writes (tests/common/test_methods.py)."""
+    strategy = CompactDataParallel({"0.weight": torch.ones(3, 4, dtype=torch.bool)})
+    assert_scheduled_lr_survives_a_resume(strategy, torch.optim.AdamW)

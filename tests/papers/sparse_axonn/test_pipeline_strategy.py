@@ -13,15 +13,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from common.compact import CompactTraining
 from common.config import RunConfig
 from common.data import load_dataset
 from common.data.sampling import epoch_batches
 from common.distributed import DistContext, seed_everything
 from common.models import build_model
-from common.pipeline import GPT2Stage, PipelineTrainer, ProcessGrid, flat_all_reduce_grads
-from common.pruning import apply_masks, load_masks, magnitude_masks, save_masks
 from common.train import MODEL_FILE, StepInfo, evaluate_trained, train
+from papers.sparse_axonn.compact import CompactTraining
+from papers.sparse_axonn.pipeline_stages import GPT2Stage, PipelineTrainer, ProcessGrid, flat_all_reduce_grads
+from papers.sparse_axonn.pruning import apply_masks, load_masks, magnitude_masks, save_masks
 from tests.distributed import run_ranks
 
 N_LAYER, N_EMBD, SEQ, BATCH, MICRO, STEPS, LR, WARMUP = 4, 32, 16, 8, 2, 6, 3e-3, 2

@@ -1,11 +1,11 @@
 """Unstructured magnitude pruning, iterative pruning with weight rewinding, and mask files.
 
 Sparse AxoNN (Singh & Bhatele, IPDPS 2023) trains a network pruned by magnitude with a *static* mask:
-the masks made here are what :mod:`common.compact` turns into a compact layout (optimizer state and
-all-reduce over the unpruned entries only). The pruning itself follows the lottery-ticket recipe
-the paper starts from: Frankle & Carbin, ICLR 2019 (iterative magnitude pruning, IMP) with weight
-rewinding to an early iterate (Frankle et al., ICML 2020, "Linear mode connectivity and the lottery
-ticket hypothesis").
+the masks made here are what :mod:`papers.sparse_axonn.compact` turns into a compact layout
+(optimizer state and all-reduce over the unpruned entries only). The pruning itself follows the
+lottery-ticket recipe the paper starts from: Frankle & Carbin, ICLR 2019 (iterative magnitude
+pruning, IMP) with weight rewinding to an early iterate (Frankle et al., ICML 2020, "Linear mode
+connectivity and the lottery ticket hypothesis").
 
 A mask is a bool tensor of its parameter's shape, ``True`` = kept (unpruned). Masks are keyed by
 parameter name as ``model.named_parameters()`` gives it (tied parameters go by their first name,
@@ -36,7 +36,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from .fileio import atomic_write
+from common.fileio import atomic_write
 
 __all__ = [
     "MASK_FILE_FORMAT",
@@ -242,7 +242,7 @@ def lottery_ticket(
     """Iterative magnitude pruning with weight rewinding (Frankle & Carbin 2019; Frankle et al. 2020).
 
     Each of ``rounds`` rounds: ``train_fn(model, masks)`` trains the masked model (the caller's loop;
-    it should keep pruned entries at zero, e.g. with :class:`common.compact.CompactAdamW`), then
+    it should keep pruned entries at zero, e.g. with :class:`~papers.sparse_axonn.compact.CompactAdamW`), then
     ``p = 1 - (1 - final_sparsity)^(1/rounds)`` of the *remaining* prunable weights are pruned by
     magnitude, then every weight is rewound to ``rewind_state`` (a state dict; default: the weights
     on entry, i.e. the original lottery ticket's rewinding to initialisation; pass the state after

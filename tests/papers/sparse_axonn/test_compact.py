@@ -1,4 +1,5 @@
-"""Sparse AxoNN's compact state (common.compact) and the sparse-compute baseline (common.sparse_compute)."""
+"""Sparse AxoNN's compact state (papers/sparse_axonn/compact.py) and the sparse-compute baseline
+(papers/sparse_axonn/sparse_compute.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import torch.distributed as dist
 from torch import nn
 
 from common.comm import CommStats
-from common.compact import CompactAdamW, MaskLayout, compact_all_reduce_, model_state_bytes
-from common.pruning import apply_masks, magnitude_masks
-from common.sparse_compute import SparseLinear, to_sparse_compute
+from papers.sparse_axonn.compact import CompactAdamW, MaskLayout, compact_all_reduce_, model_state_bytes
+from papers.sparse_axonn.pruning import apply_masks, magnitude_masks
+from papers.sparse_axonn.sparse_compute import SparseLinear, to_sparse_compute
 from tests.distributed import run_ranks
 from tests.helpers.models import tiny_gpt2
 

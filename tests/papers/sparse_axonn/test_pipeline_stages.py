@@ -1,4 +1,5 @@
-"""Pipeline x data parallelism (common/pipeline.py): equal to single-process training, exact p2p bytes."""
+"""Pipeline x data parallelism (papers/sparse_axonn/pipeline_stages.py): equal to single-process
+training, exact p2p bytes."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from common.pipeline import (
+from papers.sparse_axonn.pipeline_stages import (
     GPT2Stage,
     PipelineTrainer,
     ProcessGrid,

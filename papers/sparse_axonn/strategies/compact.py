@@ -3,15 +3,17 @@
 With a static mask, identical on every rank (loaded from the prune stage's file, never recomputed
 per rank), each step packs the gradient entries of the unpruned weights into one compact vector of
 K entries, all-reduces it densely (no index crosses the wire), and applies AdamW to compact fp32
-master weights and moments (:class:`~common.compact.CompactAdamW`), which it writes back into the
-model at the kept positions: pruned weights stay exactly zero, and the optimizer state is 12 K
-bytes instead of 12 N. Bits on the wire per step: ``32 K`` instead of ``32 N``.
+master weights and moments (:class:`~papers.sparse_axonn.compact.CompactAdamW`), which it writes
+back into the model at the kept positions: pruned weights stay exactly zero, and the optimizer
+state is 12 K bytes instead of 12 N. Bits on the wire per step: ``32 K`` instead of ``32 N``.
 
 The optimizer a run (or a user's :meth:`SyncStrategy.optimizer`) builds is plain AdamW over the
 strategy's one parameter group: it only carries the scheduled learning rate, which the compact
 AdamW reads each step, and sees no gradient (``p.grad`` is cleared after the compact step).
-Its inter-layer x data parallelism is :class:`~common.strategies.pipeline.PipelineDataParallel`
-(``strategy: pipeline``); this is its data-parallel part on a whole model, in any loop.
+Its inter-layer x data parallelism is
+:class:`~papers.sparse_axonn.strategies.pipeline.PipelineDataParallel` (``strategy: pipeline``);
+this is its data-parallel part on a whole model, in any loop. The library knows both by name only
+(``common.methods.STRATEGIES``).
 """
 
 from __future__ import annotations
@@ -23,15 +25,16 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from torch import Tensor, nn
 
-from ..comm.collectives import get_world_size
-from ..comm.stats import CommStats
+from common.comm.collectives import get_world_size
+from common.comm.stats import CommStats
+from common.options import Options
+from common.strategies.base import MethodNeeds, SyncStrategy, _broadcast_module_state
+
 from ..compact import CompactAdamW, MaskLayout, compact_all_reduce_
-from ..options import Options
 from ..pruning import apply_masks, load_masks
-from .base import MethodNeeds, SyncStrategy, _broadcast_module_state
 
 if TYPE_CHECKING:
-    from ..config import RunConfig
+    from common.config import RunConfig
 
 _COMPACT = "it all-reduces the unpruned gradient entries only, densely, in one compact vector"
 
@@ -41,7 +44,7 @@ class CompactOptions(Options):
     """``strategy_options`` of ``strategy: compact`` (the file itself is read when the run starts)."""
 
     kind: ClassVar[str] = "compact"
-    masks: str | None = None  # the prune stage's mask file (common.pruning.save_masks): required
+    masks: str | None = None  # the prune stage's mask file (pruning.save_masks): required
     betas: tuple[float, ...] = (0.9, 0.999)
     eps: float = 1e-8
 

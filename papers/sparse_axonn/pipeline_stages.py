@@ -44,8 +44,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from .comm import CommStats, all_reduce_sum_, get_world_size, is_distributed
-from .comm.stats import timed
+from common.comm import CommStats, all_reduce_sum_, get_world_size, is_distributed
+from common.comm.stats import timed
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ class GPT2Stage(nn.Module):
         transformer: Any = model.transformer
         lm_head: Any = model.lm_head
         blocks = transformer.h
-        # getattr: a sparse-compute lm_head (common.sparse_compute.SparseLinear) has no ``weight``
+        # getattr: a sparse-compute lm_head (sparse_compute.SparseLinear) has no ``weight``
         tied = getattr(lm_head, "weight", None) is transformer.wte.weight
         if num_stages > 1 and tied:
             raise ValueError(
@@ -403,7 +403,8 @@ class PipelineTrainer:
         batches through the schedule, gradients accumulated (scaled by ``1 / (M R)``), nothing
         reduced. Returns, on the last stage, the replica's share of the global mean loss (the sum of
         its scaled micro-batch losses: summed over the replicas it is the mean), ``None`` elsewhere.
-        The thinwire loop's strategy (:class:`common.strategies.PipelineDataParallel`) calls this;
+        The thinwire loop's strategy
+        (:class:`~papers.sparse_axonn.strategies.pipeline.PipelineDataParallel`) calls this;
         :meth:`train_step` is the whole step on the global batch."""
         xs, ys = self._microbatches(inputs, targets, self.num_microbatches, "batch", "num_microbatches")
         return self._run_microbatches(xs, ys)

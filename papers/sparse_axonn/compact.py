@@ -37,9 +37,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from kernels.masked_compact import mask_to_indices, masked_compact, masked_scatter
-
-from .comm.collectives import (
+from common.comm.collectives import (
     ProcessGroup,
     all_gather_variable,
     all_reduce_sum_,
@@ -47,7 +45,9 @@ from .comm.collectives import (
     get_world_size,
     is_distributed,
 )
-from .comm.stats import CommStats
+from common.comm.stats import CommStats
+from kernels.masked_compact import mask_to_indices, masked_compact, masked_scatter
+
 from .pruning import check_masks
 
 __all__ = [
@@ -66,7 +66,7 @@ log = logging.getLogger(__name__)
 class MaskLayout:
     """The compact vector's order: which entries of which parameter sit at which offset.
 
-    Built once from a model and its masks (bool, ``True`` = kept; see :mod:`common.pruning`).
+    Built once from a model and its masks (bool, ``True`` = kept; see :mod:`~papers.sparse_axonn.pruning`).
     ``names``: trainable parameters in ``named_parameters()`` order; ``counts[i]`` entries of
     parameter i (its mask's ``True`` count, or its numel if it has no mask) start at ``offsets[i]``.
     ``num_kept`` = K (compact length), ``numel`` = N (dense trainable entries), ``density`` = K / N.
@@ -279,7 +279,8 @@ class CompactAdamW:
             if outside:
                 raise ValueError(
                     f"parameter {name!r} has {outside} nonzero entries at pruned positions: call "
-                    "common.pruning.apply_masks(model, masks) before building the optimizer"
+                    "papers.sparse_axonn.pruning.apply_masks(model, masks) before building the "
+                    "optimizer"
                 )
         self.exp_avg = torch.zeros_like(self.master)
         self.exp_avg_sq = torch.zeros_like(self.master)
@@ -428,9 +429,9 @@ def model_state_bytes(
 
 # ------------------------------------------------------------------ one pipeline stage's compact state
 #
-# Sparse AxoNN's compact state wired into the pipeline trainer (common.pipeline.PipelineTrainer):
+# Sparse AxoNN's compact state wired into the pipeline trainer (pipeline_stages.PipelineTrainer):
 # :class:`CompactTraining` is both the trainer's optimizer (``zero_grad``, ``step``) and its
-# ``reduce_grads`` hook (:data:`common.pipeline.GradReducer`). Per step, on each rank:
+# ``reduce_grads`` hook (:data:`~papers.sparse_axonn.pipeline_stages.GradReducer`). Per step, on each rank:
 #
 # 1. the schedule runs forward and backward densely (dense compute, masked dense weights);
 # 2. the kept gradient entries of this stage are packed into one fp32 buffer of K entries (the
