@@ -102,7 +102,7 @@ def test_launcher_names_the_data_folder_it_looked_in(tmp_path, monkeypatch):
 
 
 def test_step_schedule_decays_at_the_milestone_epochs():
-    from common.train import _schedule
+    from common.train.run import _schedule
 
     config = RunConfig.from_dict(
         {"lr_schedule": "step", "lr_milestones": [2, 3], "lr_decay": 0.5, "epochs": 4}

@@ -14,7 +14,8 @@ from torch import nn
 from common.comm.sync import GradientSync
 from common.compressors import build_compressor
 from common.config import RunConfig
-from common.train import _loss_fn, _schedule, autocast
+from common.train import autocast
+from common.train.run import _loss_fn, _schedule
 from tests.distributed import run_ranks
 
 
@@ -40,9 +41,9 @@ def test_label_smoothing_changes_the_training_loss_only_as_torch_defines_it():
 
 
 def test_bf16_autocast_keeps_weights_and_gradients_fp32(monkeypatch):
-    import common.train
+    import common.train.run
 
-    monkeypatch.setattr(common.train, "cpu_has_bf16", lambda: True)  # as on a CPU with bf16 units
+    monkeypatch.setattr(common.train.run, "cpu_has_bf16", lambda: True)  # as on a CPU with bf16 units
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(4 * 6 * 6, 10))
     config = RunConfig(precision="bf16")
     with autocast(config, torch.device("cpu")):
@@ -57,15 +58,15 @@ def test_bf16_autocast_keeps_weights_and_gradients_fp32(monkeypatch):
 def test_a_bf16_recipe_computes_in_fp32_on_a_cpu_without_bf16_units(monkeypatch):
     """oneDNN emulates bf16 there (10x slower than fp32 for the suite's net, measured) and has no bf16
     LSTM: the run computes in fp32 and says so (``compute_precision``)."""
-    import common.train
+    import common.train.run
     from common.train import compute_precision
 
     cpu, config = torch.device("cpu"), RunConfig(precision="bf16")
-    monkeypatch.setattr(common.train, "cpu_has_bf16", lambda: False)
+    monkeypatch.setattr(common.train.run, "cpu_has_bf16", lambda: False)
     assert compute_precision(config, cpu) == "fp32"
     with autocast(config, cpu):
         assert nn.Linear(4, 2)(torch.randn(3, 4)).dtype == torch.float32
-    monkeypatch.setattr(common.train, "cpu_has_bf16", lambda: True)
+    monkeypatch.setattr(common.train.run, "cpu_has_bf16", lambda: True)
     assert compute_precision(config, cpu) == "bf16"
     assert compute_precision(RunConfig(), cpu) == "fp32"  # an fp32 recipe everywhere
     assert compute_precision(config, torch.device("cuda")) == "bf16"  # GPUs: bf16 units assumed

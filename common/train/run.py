@@ -42,22 +42,22 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from .checkpoint import Checkpointer
-from .comm.collectives import get_world_size
-from .config import RunConfig, stop_reached
-from .data import Dataset, drawn_batch, epoch_batches, load_dataset
-from .data.augment import augment_batch, augment_generator
-from .data.loader import epoch_loader
-from .distributed import DistContext, barrier, init_from_env, is_collective_timeout, seed_everything
-from .fileio import atomic_write, atomic_write_json, atomic_write_text
-from .loss_scale import LossScaler
-from .methods import strategy_class
-from .models import build_model
-from .paths import REPO_ROOT
-from .plots import plot_curves
-from .step_time import StepTimes
-from .strategies import SyncStrategy
-from .tracking import Tracker, loaded_git_sha
+from ..checkpoint import Checkpointer
+from ..comm.collectives import get_world_size
+from ..config import RunConfig, stop_reached
+from ..data import Dataset, drawn_batch, epoch_batches, load_dataset
+from ..data.augment import augment_batch, augment_generator
+from ..data.loader import epoch_loader
+from ..distributed import DistContext, barrier, init_from_env, is_collective_timeout, seed_everything
+from ..fileio import atomic_write, atomic_write_json, atomic_write_text
+from ..loss_scale import LossScaler
+from ..methods import strategy_class
+from ..models import build_model
+from ..paths import REPO_ROOT
+from ..plots import plot_curves
+from ..step_time import StepTimes
+from ..strategies import SyncStrategy
+from ..tracking import Tracker, loaded_git_sha
 
 log = logging.getLogger(__name__)
 
