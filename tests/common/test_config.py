@@ -102,15 +102,15 @@ def test_launcher_names_the_data_folder_it_looked_in(tmp_path, monkeypatch):
 
 
 def test_step_schedule_decays_at_the_milestone_epochs():
-    from common.train import _schedule
+    from common.train.components import lr_schedule
 
     config = RunConfig.from_dict(
         {"lr_schedule": "step", "lr_milestones": [2, 3], "lr_decay": 0.5, "epochs": 4}
     )
     assert config.lr_milestones == (2, 3)  # YAML's list, stored hashable
-    factor = _schedule(config, total_steps=40, steps_per_epoch=10)
+    factor = lr_schedule(config, total_steps=40, steps_per_epoch=10)
     assert [factor(s) for s in (0, 19, 20, 29, 30, 39)] == [1.0, 1.0, 0.5, 0.5, 0.25, 0.25]
-    halves = _schedule(RunConfig.from_dict({"lr_schedule": "step"}), total_steps=40, steps_per_epoch=10)
+    halves = lr_schedule(RunConfig.from_dict({"lr_schedule": "step"}), total_steps=40, steps_per_epoch=10)
     assert [halves(s) for s in (19, 20, 29, 30)] == [1.0, 0.1, 0.1, pytest.approx(0.01)]
 
 

@@ -122,7 +122,7 @@ def test_a_registered_strategy_that_cannot_be_imported_says_which(monkeypatch):
 
 
 class _OwnUpdate(SyncStrategy):
-    """A new strategy: declarations only, no name of it anywhere in config.py or train.py."""
+    """A new strategy: declarations only, no name of it anywhere in config.py or common/train/."""
 
     name = "own_update"
     needs = MethodNeeds(update="own", memory="own", own_memory="a test's residual")

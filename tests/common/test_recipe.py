@@ -14,13 +14,14 @@ from torch import nn
 from common.comm.sync import GradientSync
 from common.compressors import build_compressor
 from common.config import RunConfig
-from common.train import _loss_fn, _schedule, autocast
+from common.train import autocast
+from common.train.components import cross_entropy_loss, lr_schedule
 from tests.distributed import run_ranks
 
 
 def test_linear_schedule_warms_up_then_falls_to_the_end_factor():
     config = RunConfig(lr_schedule="linear", lr_warmup_steps=10, lr_end_factor=0.07)
-    factor = _schedule(config, total_steps=110, steps_per_epoch=11)
+    factor = lr_schedule(config, total_steps=110, steps_per_epoch=11)
     assert factor(0) == pytest.approx(0.1) and factor(9) == pytest.approx(1.0)
     assert factor(10) == pytest.approx(1.0)
     assert factor(60) == pytest.approx(1 - 0.93 * 0.5)
@@ -31,18 +32,20 @@ def test_linear_schedule_warms_up_then_falls_to_the_end_factor():
 
 def test_label_smoothing_changes_the_training_loss_only_as_torch_defines_it():
     logits, y = torch.randn(8, 10), torch.randint(0, 10, (8,))
-    smoothed = _loss_fn("image", 0.2)(logits, y)
+    smoothed = cross_entropy_loss("image", 0.2)(logits, y)
     assert smoothed == pytest.approx(float(nn.functional.cross_entropy(logits, y, label_smoothing=0.2)))
-    assert _loss_fn("image")(logits, y) == pytest.approx(float(nn.functional.cross_entropy(logits, y)))
+    assert cross_entropy_loss("image")(logits, y) == pytest.approx(
+        float(nn.functional.cross_entropy(logits, y))
+    )
     text_logits, text_y = torch.randn(2, 5, 7), torch.randint(0, 7, (2, 5))
     flat = nn.functional.cross_entropy(text_logits.flatten(0, 1), text_y.flatten(), label_smoothing=0.1)
-    assert _loss_fn("text", 0.1)(text_logits, text_y) == pytest.approx(float(flat))
+    assert cross_entropy_loss("text", 0.1)(text_logits, text_y) == pytest.approx(float(flat))
 
 
 def test_bf16_autocast_keeps_weights_and_gradients_fp32(monkeypatch):
-    import common.train
+    import common.train.precision
 
-    monkeypatch.setattr(common.train, "cpu_has_bf16", lambda: True)  # as on a CPU with bf16 units
+    monkeypatch.setattr(common.train.precision, "cpu_has_bf16", lambda: True)  # as on a CPU with bf16 units
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(4 * 6 * 6, 10))
     config = RunConfig(precision="bf16")
     with autocast(config, torch.device("cpu")):
@@ -57,15 +60,15 @@ def test_bf16_autocast_keeps_weights_and_gradients_fp32(monkeypatch):
 def test_a_bf16_recipe_computes_in_fp32_on_a_cpu_without_bf16_units(monkeypatch):
     """oneDNN emulates bf16 there (10x slower than fp32 for the suite's net, measured) and has no bf16
     LSTM: the run computes in fp32 and says so (``compute_precision``)."""
-    import common.train
+    import common.train.precision
     from common.train import compute_precision
 
     cpu, config = torch.device("cpu"), RunConfig(precision="bf16")
-    monkeypatch.setattr(common.train, "cpu_has_bf16", lambda: False)
+    monkeypatch.setattr(common.train.precision, "cpu_has_bf16", lambda: False)
     assert compute_precision(config, cpu) == "fp32"
     with autocast(config, cpu):
         assert nn.Linear(4, 2)(torch.randn(3, 4)).dtype == torch.float32
-    monkeypatch.setattr(common.train, "cpu_has_bf16", lambda: True)
+    monkeypatch.setattr(common.train.precision, "cpu_has_bf16", lambda: True)
     assert compute_precision(config, cpu) == "bf16"
     assert compute_precision(RunConfig(), cpu) == "fp32"  # an fp32 recipe everywhere
     assert compute_precision(config, torch.device("cuda")) == "bf16"  # GPUs: bf16 units assumed

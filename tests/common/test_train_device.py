@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import common.train as train_module
+import common.train.loop as train_module
 from common.config import RunConfig
 from common.data.base import DatasetInfo
 from common.data.images import ImageDataset

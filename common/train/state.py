@@ -1,0 +1,104 @@
+"""What a run has done so far: its step, time, curves and tracking, the per-step bookkeeping kept
+on the device, and the checkpoint that holds them with the components' own state."""
+
+from __future__ import annotations
+
+from dataclasses import InitVar, dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..step_time import StepTimes
+from .plan import StepPlan
+
+
+@dataclass
+class RunState:
+    """A run's progress (the rest of what a checkpoint holds: :func:`checkpoint_state`)."""
+
+    device: InitVar[torch.device]
+    step: int = 0
+    elapsed: float = 0.0
+    window_steps: int = 0  # steps since the last log (their loss sum: window_loss)
+    non_comm: list[float] = field(default_factory=list)  # per step: this rank's time outside communication
+    train_rows: list[dict[str, Any]] = field(default_factory=list)
+    eval_rows: list[dict[str, Any]] = field(default_factory=list)
+    run_id: str | None = None
+    tracking_partial: bool = False  # a previous attempt lost its tracking mid-run
+    stopped: bool = False  # stop_at reached (a time-to-target run ends at that evaluation)
+    resumed_at: list[int] = field(default_factory=list)  # the steps this run was resumed from (restarts)
+    step_seconds: float = 0.0  # the last step's time (StepInfo.seconds)
+    # On the device, read at log steps and checkpoints only (no host read inside a step): the loss
+    # sum since the last log, the first step whose loss was not finite (0: none) and that loss.
+    window_loss: Tensor = field(init=False)
+    first_bad_step: Tensor = field(init=False)
+    first_bad_loss: Tensor = field(init=False)
+    step_times: StepTimes = field(init=False)  # feeds non_comm, resolved with the window
+
+    def __post_init__(self, device: torch.device) -> None:
+        self.window_loss = torch.zeros((), dtype=torch.float64, device=device)
+        self.first_bad_step = torch.zeros((), dtype=torch.int64, device=device)
+        self.first_bad_loss = torch.zeros((), dtype=torch.float64, device=device)
+        self.step_times = StepTimes(device)
+
+    def add_to_window(self, loss: Tensor) -> None:
+        """Add this step's loss to the window's sum and, where it is the first loss that is not
+        finite, remember the step and the loss: all on the device, without waiting for it."""
+        loss = loss.to(self.window_loss.device, torch.float64)
+        self.window_loss += loss
+        self.window_steps += 1
+        first_bad = torch.isfinite(loss).logical_not_().logical_and_(self.first_bad_step == 0)
+        self.first_bad_step = torch.where(first_bad, self.step, self.first_bad_step)
+        self.first_bad_loss = torch.where(first_bad, loss, self.first_bad_loss)
+
+    def settle(self) -> None:
+        """Read what the steps left on the device: FloatingPointError naming the first step whose
+        loss was not finite (before anything is logged or checkpointed as good), then the steps' times."""
+        bad_step = int(self.first_bad_step)
+        if bad_step:
+            raise FloatingPointError(
+                f"training loss became {float(self.first_bad_loss)} at step {bad_step}: lower lr"
+            )
+        self.non_comm.extend(self.step_times.take())
+
+
+def checkpoint_state(plan: StepPlan, state: RunState, tracking_partial: bool) -> dict[str, Any]:
+    """What a checkpoint holds (its keys are the format: a resume reads checkpoints written before)."""
+    state.settle()
+    return {
+        "step": state.step,
+        "model": plan.model.state_dict(),
+        "optimizer": plan.optimizer.state_dict(),
+        "scheduler": plan.scheduler.state_dict(),
+        "strategy": plan.strategy.state_dict(),
+        "torch_rng": torch.get_rng_state(),
+        "elapsed": state.elapsed,
+        "window": [float(state.window_loss), state.window_steps],  # loss sum, steps since the last log
+        "non_comm": state.non_comm,
+        "train_rows": state.train_rows,
+        "eval_rows": state.eval_rows,
+        "mlflow_run_id": state.run_id,
+        "tracking_partial": tracking_partial,
+        "resumed_at": state.resumed_at,
+        "loss_scale": plan.loss_scaler.state_dict() if plan.loss_scaler is not None else None,
+    }
+
+
+def restore(plan: StepPlan, state: RunState, saved: dict[str, Any]) -> None:
+    """Continue from a checkpoint (:func:`checkpoint_state`): the components' state and the progress."""
+    plan.model.load_state_dict(saved["model"])
+    plan.optimizer.load_state_dict(saved["optimizer"])
+    plan.scheduler.load_state_dict(saved["scheduler"])
+    plan.strategy.load_state_dict(saved["strategy"])
+    if plan.loss_scaler is not None:
+        plan.loss_scaler.load_state_dict(saved["loss_scale"])
+    torch.set_rng_state(saved["torch_rng"])
+    state.step, state.elapsed = saved["step"], saved["elapsed"]
+    state.window_loss.fill_(saved["window"][0])
+    state.window_steps = int(saved["window"][1])
+    state.non_comm = saved.get("non_comm", [])
+    state.train_rows, state.eval_rows = saved["train_rows"], saved["eval_rows"]
+    state.run_id = saved["mlflow_run_id"]
+    state.tracking_partial = bool(saved.get("tracking_partial", False))
+    state.resumed_at = [*saved.get("resumed_at", []), state.step]
