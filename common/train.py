@@ -51,7 +51,7 @@ from .data.loader import epoch_loader
 from .distributed import DistContext, barrier, init_from_env, is_collective_timeout, seed_everything
 from .fileio import atomic_write, atomic_write_json, atomic_write_text
 from .loss_scale import LossScaler
-from .methods import strategy_class
+from .methods import build_strategy
 from .models import build_model
 from .paths import REPO_ROOT
 from .plots import plot_curves
@@ -91,8 +91,8 @@ Callback = Callable[[StepInfo], None]
 
 
 def default_strategy(config: RunConfig) -> SyncStrategy:
-    """The strategy ``config.strategy`` names, built from the run (common.methods.STRATEGIES)."""
-    return strategy_class(config.strategy).from_config(config)
+    """The strategy ``config.strategy`` names, built from the checked run (common.methods)."""
+    return build_strategy(config)
 
 
 def _loss_fn(kind: str, label_smoothing: float = 0.0) -> Callable[[Tensor, Tensor], Tensor]:
