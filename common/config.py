@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .checks import check_type
+
 OPTIMIZERS = ("sgd", "adamw")
 AUGMENTATIONS = ("none", "crop_flip", "flip_translate")  # common.data.augment (validation imports no torch)
 LR_SCHEDULES = ("constant", "cosine", "step", "linear")
@@ -132,23 +134,7 @@ class RunConfig:
                 check_type(f.name, getattr(self, f.name), _FIELD_TYPES[f.name])
         self._check_numbers()
         self._check_schedule()
-        # Names are checked against the registries (each error lists the valid names).
-        from .compressors import build_compressor
-        from .data import DATASETS
-        from .models import MODELS
-        from .registry import lookup
-
-        lookup(DATASETS, self.dataset, "dataset")
-        lookup(MODELS, self.model, "model")
-        build_compressor(self.compressor, **self.compressor_options)
-        self._check_strategy()
         check_stop_at(self.stop_at)
-        from .comm.sync import TRANSPORTS
-
-        if self.transport not in TRANSPORTS:
-            raise ValueError(
-                f"unknown transport {self.transport!r}; valid transports: {', '.join(TRANSPORTS)}"
-            )
 
     def _check_numbers(self) -> None:
         """Counts, switches, choices and numbers against their ranges (:data:`_RANGES`)."""
@@ -199,40 +185,6 @@ class RunConfig:
             )
         if milestones and self.lr_schedule != "step":
             raise ValueError(f"lr_milestones {milestones} need lr_schedule: step, got {self.lr_schedule!r}")
-
-    def _check_strategy(self) -> None:
-        """The strategy's options and what its declarations (``needs``, ``ignores``) rule out."""
-        from .methods import strategy_class
-
-        cls = strategy_class(self.strategy)
-        cls.check_options(self.strategy_options, self.world_size)
-        cls.check_run(self)
-        needs, name = cls.needs, self.strategy
-        if not needs.compressor and (self.compressor != "identity" or self.error_feedback):
-            raise ValueError(
-                f"strategy {name} {needs.own_exchange}: set compressor: identity and error_feedback: "
-                f"false (got {self.compressor!r}, error_feedback {self.error_feedback})"
-            )
-        if needs.update == "own" and self.optimizer != needs.run_optimizer:
-            raise ValueError(
-                f"strategy {name} applies {needs.update_rule} itself: optimizer must be "
-                f"{needs.run_optimizer}, got {self.optimizer!r}"
-            )
-        if needs.memory == "own" and self.error_feedback:
-            raise ValueError(
-                f"strategy {name} keeps its own memory ({needs.own_memory}): set error_feedback: false"
-            )
-        if self.hierarchical and not cls.host_hierarchy:
-            raise ValueError(
-                f"strategy {name} does not synchronise hierarchically (a dense reduce inside each host, "
-                f"its compressor between hosts): set hierarchical: false, or use strategy data_parallel"
-            )
-        for setting, neutral, why in cls.ignores:
-            if getattr(self, setting) != neutral:
-                raise ValueError(
-                    f"strategy {name} ignores {setting} (got {getattr(self, setting)!r}): {why}; "
-                    f"remove it or set {setting}: {_yaml(neutral)}"
-                )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -315,7 +267,7 @@ def _check_number(
         raise ValueError(f"{name} must be {allowed}{' or null' if allow_none else ''}, got {value!r}")
 
 
-def _yaml(value: Any) -> str:
+def yaml_spelling(value: Any) -> str:
     """How params.yaml spells ``value`` (null, false, auto)."""
     return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
@@ -341,52 +293,6 @@ def stop_reached(stop_at: Mapping[str, float], result: Mapping[str, float]) -> b
         return False
     ((name, target),) = stop_at.items()
     return result[name] >= target if name == "test_accuracy" else result[name] <= target
-
-
-def _describe(kind: Any) -> str:
-    names = {
-        str: "a string",
-        bool: "true or false",
-        int: "an integer",
-        float: "a number",
-        dict: "a mapping (key: value, or {})",
-        tuple: "a list of integers",
-        type(None): "null",
-    }
-    args = typing.get_args(kind)
-    if args and typing.get_origin(kind) not in (dict, tuple):
-        return " or ".join(_describe(a) for a in args)
-    if typing.get_origin(kind) is tuple and args and args[0] is not int:
-        return {float: "a list of numbers", str: "a list of strings"}[args[0]]
-    return names[typing.get_origin(kind) or kind]
-
-
-def _is(value: Any, kind: Any) -> bool:
-    origin, args = typing.get_origin(kind), typing.get_args(kind)
-    if args and origin not in (dict, tuple):  # a union such as int | None
-        return any(_is(value, a) for a in args)
-    if kind is bool:
-        return isinstance(value, bool)
-    if kind is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if kind is float:
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    if kind is str:
-        return isinstance(value, str)
-    if kind is type(None):
-        return value is None
-    if origin is dict:
-        return isinstance(value, Mapping) and all(isinstance(k, str) for k in value)
-    if origin is tuple:
-        return isinstance(value, list | tuple)
-    raise TypeError(f"no type check for {kind!r}")  # a new field type: teach _is about it
-
-
-def check_type(name: str, value: Any, kind: Any) -> None:
-    """Raise ValueError naming ``name`` unless ``value`` is of the declared field type ``kind``
-    (YAML gives a bool for true/false, a number for 1 or 0.5, a string for "0.5" or no)."""
-    if not _is(value, kind):
-        raise ValueError(f"{name} must be {_describe(kind)}, got {value!r} ({type(value).__name__})")
 
 
 _FIELD_TYPES = typing.get_type_hints(RunConfig)

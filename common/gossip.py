@@ -182,8 +182,11 @@ class GossipStrategy(SyncStrategy):
         return check_gossip_options(options, world_size)
 
     @classmethod
-    def from_config(cls, config: RunConfig) -> GossipStrategy:
-        return cls.from_options(config.strategy_options, seed=config.seed)
+    def from_config(cls, config: RunConfig, options: Options | None = None) -> GossipStrategy:
+        return cls.from_options(
+            GossipOptions.from_mapping(config.strategy_options if options is None else options),
+            seed=config.seed,
+        )
 
     def __init__(self, plan: MatchaPlan, *, mode: str = "matcha", seed: int = 0) -> None:
         if mode not in GOSSIP_MODES:
@@ -214,7 +217,7 @@ class GossipStrategy(SyncStrategy):
         _broadcast_module_state(model, "buffers")
 
     @classmethod
-    def from_options(cls, options: dict[str, Any], *, seed: int = 0) -> GossipStrategy:
+    def from_options(cls, options: Mapping[str, Any] | GossipOptions, *, seed: int = 0) -> GossipStrategy:
         """``strategy: gossip``: rank 0 solves the plan and broadcasts it to every rank."""
         world = get_world_size()
         merged = check_gossip_options(options, world)

@@ -1,8 +1,16 @@
-"""Every sync strategy a run can name (``strategy:``), by the name it declares.
+"""The one place a method is assembled: every sync strategy a run can name (``strategy:``), the
+checks of a whole run against the registries, and its typed options, parsed once.
 
 A new strategy is one class with ``name``, ``needs``, ``ignores``, ``check_options`` and
 ``from_config`` (:class:`~common.strategies.base.SyncStrategy`) and one entry here: the run's
 validation and the loop read only its declarations.
+
+:class:`~common.config.RunConfig` is plain data with its own type and range checks; it imports
+nothing of the library above it. :func:`checked_config` (a run from a mapping, checked whole) and
+:func:`check_run` add what needs the registries: the dataset, model, compressor and transport
+names, the compressor's options, and the strategy's options and declarations. :func:`check_run`
+returns the :class:`Method`: the strategy class and its typed options, which
+:func:`build_strategy` hands to ``from_config`` (never parsed again).
 
 A paper's own strategy is an entry ``"module:attribute"``: the library never imports a paper, it
 knows the paper's strategy by name only and imports it when a run asks for that name (as
@@ -12,8 +20,13 @@ torchtitan's core knows its experiments).
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
+from .config import RunConfig, yaml_spelling
 from .gossip import GossipStrategy
+from .options import Options
 from .strategies import (
     DataParallel,
     DetachedEFDataParallel,
@@ -52,3 +65,81 @@ def strategy_class(name: str) -> type[SyncStrategy]:
     if not (isinstance(cls, type) and issubclass(cls, SyncStrategy) and cls.name == name):
         raise TypeError(f"strategy {name!r} is {entry}: not a SyncStrategy named {name!r}")
     return cls
+
+
+@dataclass(frozen=True)
+class Method:
+    """A checked run's strategy class and its typed options (parsed once, by :func:`check_run`)."""
+
+    strategy: type[SyncStrategy]
+    options: Options
+
+    def build(self, config: RunConfig) -> SyncStrategy:
+        """The strategy of ``config`` (the run these options were checked for)."""
+        return self.strategy.from_config(config, self.options)
+
+
+def checked_config(values: Mapping[str, Any]) -> RunConfig:
+    """A run from plain values (unknown keys refused), checked whole (:func:`check_run`)."""
+    config = RunConfig.from_dict(values)  # unknown keys, types and ranges
+    check_run(config)
+    return config
+
+
+def check_run(config: RunConfig) -> Method:
+    """Check ``config`` whole: its own types and ranges, the registries (each error lists the valid
+    names) and its strategy's declarations; fail before any process is started. Returns its
+    :class:`Method`."""
+    from .comm.sync import TRANSPORTS
+    from .compressors import build_compressor
+    from .data import DATASETS
+    from .models import MODELS
+    from .registry import lookup
+
+    config.validate()
+    lookup(DATASETS, config.dataset, "dataset")
+    lookup(MODELS, config.model, "model")
+    build_compressor(config.compressor, **config.compressor_options)
+    method = _check_strategy(config)
+    if config.transport not in TRANSPORTS:
+        raise ValueError(f"unknown transport {config.transport!r}; valid transports: {', '.join(TRANSPORTS)}")
+    return method
+
+
+def build_strategy(config: RunConfig) -> SyncStrategy:
+    """The strategy ``config.strategy`` names, built from the checked run."""
+    return check_run(config).build(config)
+
+
+def _check_strategy(config: RunConfig) -> Method:
+    """The strategy's options and what its declarations (``needs``, ``ignores``) rule out."""
+    cls = strategy_class(config.strategy)
+    options = cls.check_options(config.strategy_options, config.world_size)
+    cls.check_run(config)
+    needs, name = cls.needs, config.strategy
+    if not needs.compressor and (config.compressor != "identity" or config.error_feedback):
+        raise ValueError(
+            f"strategy {name} {needs.own_exchange}: set compressor: identity and error_feedback: "
+            f"false (got {config.compressor!r}, error_feedback {config.error_feedback})"
+        )
+    if needs.update == "own" and config.optimizer != needs.run_optimizer:
+        raise ValueError(
+            f"strategy {name} applies {needs.update_rule} itself: optimizer must be "
+            f"{needs.run_optimizer}, got {config.optimizer!r}"
+        )
+    if needs.memory == "own" and config.error_feedback:
+        raise ValueError(
+            f"strategy {name} keeps its own memory ({needs.own_memory}): set error_feedback: false"
+        )
+    if config.hierarchical and not cls.host_hierarchy:
+        raise ValueError(
+            f"strategy {name} does not synchronise hierarchically (a dense reduce inside each host, "
+            f"its compressor between hosts): set hierarchical: false, or use strategy data_parallel"
+        )
+    for setting, neutral, why in cls.ignores:
+        if getattr(config, setting) != neutral:
+            raise ValueError(
+                f"strategy {name} ignores {setting} (got {getattr(config, setting)!r}): {why}; "
+                f"remove it or set {setting}: {yaml_spelling(neutral)}"
+            )
+    return Method(cls, options)

@@ -14,7 +14,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any, ClassVar, TypeVar, cast
 
-from .config import check_type
+from .checks import check_type
 
 OptionsT = TypeVar("OptionsT", bound="Options")
 
@@ -27,13 +27,16 @@ class Options:
     kind: ClassVar[str] = "strategy"
 
     @classmethod
-    def from_mapping(cls: type[OptionsT], values: Mapping[str, Any] | OptionsT | None) -> OptionsT:
-        """The options ``values`` set over the defaults (an instance is returned as it is).
+    def from_mapping(cls: type[OptionsT], values: Mapping[str, Any] | Options | None) -> OptionsT:
+        """The options ``values`` set over the defaults (an instance is returned as it is; another
+        strategy's options are a TypeError).
 
         Subclasses check ranges in ``__post_init__`` robustly to wrong types (a range message names
         the allowed range); the declared type of every given value is checked after that."""
         if isinstance(values, cls):
             return values
+        if isinstance(values, Options):
+            raise TypeError(f"{cls.kind} takes {cls.__name__}, got {type(values).__name__}")
         values = dict(cast(Mapping[str, Any], values or {}))
         allowed = [f.name for f in dataclasses.fields(cls)]
         unknown = sorted(set(values) - set(allowed))

@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from common.config import RunConfig, compose
+from common.methods import checked_config
 from common.paths import REPO_ROOT
 
 PIPELINES_DIR = REPO_ROOT / "pipelines"
@@ -157,7 +158,7 @@ def run_config(pipeline: str, run: str, scale: str | None = None) -> RunConfig:
         config: RunConfig = stage.stage_config(run, scale, inputs_dir(pipeline))
         return config
     try:
-        return RunConfig.from_dict(run_values(pipeline, run, scale))
+        return checked_config(run_values(pipeline, run, scale))
     except ValueError as error:
         path = params_path(pipeline).resolve()
         shown = path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path

@@ -144,6 +144,21 @@ def _circles(folder: str) -> list[list[str]]:
 
 def test_gradient_syncs_routes_import_no_circle():
     """GradientSync imports its routes and the routes import only what is below them
-    (common/comm/route.py), never sync.py: no circle in common/comm. (The config -> methods ->
-    strategies -> options -> config circle of common/ is the layout issue's; this finder sees it.)"""
+    (common/comm/route.py), never sync.py: no circle in common/comm."""
     assert _circles("common/comm") == []
+
+
+def test_the_library_imports_no_circle():
+    """The run's plain data (config.py, options.py, checks.py) imports nothing above it; the
+    registries' checks of a run live in methods.py, which imports the strategies."""
+    assert _circles("common") == []
+
+
+def test_config_and_options_import_nothing_above_them():
+    from common.paths import REPO_ROOT as root
+
+    for name in ("config", "options", "checks"):
+        imported = _module_imports(root / "common" / f"{name}.py", root)
+        assert imported <= {"common.checks", "common.registry"}, (
+            f"common/{name}.py imports {sorted(imported)}"
+        )

@@ -101,8 +101,9 @@ class SyncStrategy:
         return Options()
 
     @classmethod
-    def from_config(cls, config: RunConfig) -> SyncStrategy:
-        """The strategy of a validated run whose ``strategy`` names this class."""
+    def from_config(cls, config: RunConfig, options: Options | None = None) -> SyncStrategy:
+        """The strategy of a validated run whose ``strategy`` names this class, with its typed
+        ``options`` as :meth:`check_options` parsed them (None: parsed from the run here)."""
         raise NotImplementedError(f"{cls.__name__} is not built from a run configuration")
 
     @classmethod
@@ -238,14 +239,14 @@ class SyncStrategy:
             self.after_eval(model)
 
 
-def compressed_update_arguments(config: RunConfig) -> dict[str, Any]:
+def compressed_update_arguments(config: RunConfig, options: Options | None = None) -> dict[str, Any]:
     """The constructor arguments of a strategy that applies momentum SGD itself around the run's
     compressor (DGC, DEF): the same constructor shape for both."""
     return {
         "compressor": build_compressor(config.compressor, **config.compressor_options),
         "momentum": config.momentum,
         "weight_decay": config.weight_decay,
-        "options": config.strategy_options,
+        "options": config.strategy_options if options is None else options,
         "bucket_numel": config.bucket_numel,
         "seed": config.seed,
     }
@@ -273,7 +274,7 @@ class DataParallel(SyncStrategy):
         self.stats = sync.stats
 
     @classmethod
-    def from_config(cls, config: RunConfig) -> DataParallel:
+    def from_config(cls, config: RunConfig, options: Options | None = None) -> DataParallel:
         compressor = build_compressor(config.compressor, **config.compressor_options)
         sync = GradientSync(
             compressor,

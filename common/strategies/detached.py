@@ -102,8 +102,8 @@ class DetachedEFDataParallel(SyncStrategy):
         return check_def_options(options)
 
     @classmethod
-    def from_config(cls, config: RunConfig) -> DetachedEFDataParallel:
-        return cls(**compressed_update_arguments(config))
+    def from_config(cls, config: RunConfig, options: Options | None = None) -> DetachedEFDataParallel:
+        return cls(**compressed_update_arguments(config, options))
 
     def __init__(
         self,

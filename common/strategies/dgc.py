@@ -160,8 +160,8 @@ class DGCDataParallel(SyncStrategy):
         return check_dgc_options(options)
 
     @classmethod
-    def from_config(cls, config: RunConfig) -> DGCDataParallel:
-        return cls(**compressed_update_arguments(config))
+    def from_config(cls, config: RunConfig, options: Options | None = None) -> DGCDataParallel:
+        return cls(**compressed_update_arguments(config, options))
 
     def __init__(
         self,

@@ -236,8 +236,11 @@ class SparseDataParallel(SyncStrategy):
         return check_sparse_options(options)
 
     @classmethod
-    def from_config(cls, config: RunConfig) -> SparseDataParallel:
-        return cls(options=config.strategy_options, seed=config.seed)
+    def from_config(cls, config: RunConfig, options: Options | None = None) -> SparseDataParallel:
+        return cls(
+            options=SparseOptions.from_mapping(config.strategy_options if options is None else options),
+            seed=config.seed,
+        )
 
     def __init__(self, *, options: Mapping[str, Any] | SparseOptions | None = None, seed: int = 0) -> None:
         self.options = check_sparse_options(options)

@@ -122,8 +122,8 @@ class TorchHookDataParallel(SyncStrategy):
         return TorchHookOptions.from_mapping(options)
 
     @classmethod
-    def from_config(cls, config: "RunConfig") -> "TorchHookDataParallel":
-        return cls(config.strategy_options)
+    def from_config(cls, config: "RunConfig", options: Options | None = None) -> "TorchHookDataParallel":
+        return cls(TorchHookOptions.from_mapping(config.strategy_options if options is None else options))
 
     def setup(self, model: nn.Module) -> None:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook

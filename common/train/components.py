@@ -15,7 +15,7 @@ from ..config import RunConfig
 from ..data import Dataset, drawn_batch, epoch_batches, load_dataset
 from ..data.augment import augment_batch, augment_generator
 from ..distributed import DistContext
-from ..methods import strategy_class
+from ..methods import build_strategy
 from ..models import build_model
 from ..strategies import SyncStrategy
 
@@ -28,7 +28,7 @@ INIT_FROM_DATA_EXAMPLES = 5000
 
 def default_strategy(config: RunConfig) -> SyncStrategy:
     """The strategy ``config.strategy`` names, built from the run (common.methods.STRATEGIES)."""
-    return strategy_class(config.strategy).from_config(config)
+    return build_strategy(config)
 
 
 def cross_entropy_loss(kind: str, label_smoothing: float = 0.0) -> LossFn:

@@ -47,6 +47,7 @@ from torch import Tensor, nn
 from common.config import RunConfig
 from common.distributed import DistContext, barrier
 from common.fileio import atomic_write_json, atomic_write_text
+from common.methods import checked_config
 from common.paths import REPO_ROOT
 from common.tracking import Tracker
 from common.train import StepInfo, train, trained_model_file
@@ -227,7 +228,7 @@ def run_config(
             grads=spec.grads,
             compute="csr" if spec.method == "sputnik" else "dense",
         )
-    return RunConfig.from_dict(
+    return checked_config(
         {
             "dataset": config.dataset,
             "seq_len": config.seq_len,

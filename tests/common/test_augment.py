@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from common.config import RunConfig
 from common.data.augment import augment_batch, augment_generator
+from common.methods import checked_config
 
 
 def test_every_image_is_a_window_of_its_padded_self_possibly_flipped():
@@ -40,7 +40,7 @@ def test_same_seed_rank_step_same_augmentation_and_none_is_identity():
 
 def test_bad_augmentation_rejected():
     with pytest.raises(ValueError, match="unknown augment .mixup.; valid: none, crop_flip, flip_translate"):
-        RunConfig.from_dict({"augment": "mixup"})
+        checked_config({"augment": "mixup"})
     with pytest.raises(ValueError, match="needs image batches"):
         augment_batch(torch.zeros(4, 64, dtype=torch.long), "crop_flip", augment_generator(0, 0, 0))
 

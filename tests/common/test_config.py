@@ -7,14 +7,14 @@ import re
 import pytest
 
 from common.config import RunConfig, compose
-from common.methods import STRATEGIES
+from common.methods import STRATEGIES, checked_config
 from tests.helpers.refusal import launch_refusal
 
 
 def test_defaults_are_valid_and_fingerprint_ignores_logging_knobs():
-    a = RunConfig.from_dict({})
-    assert a.fingerprint() == RunConfig.from_dict({"log_every": 3, "eval_every": 7}).fingerprint()
-    assert a.fingerprint() != RunConfig.from_dict({"lr": 0.1}).fingerprint()
+    a = checked_config({})
+    assert a.fingerprint() == checked_config({"log_every": 3, "eval_every": 7}).fingerprint()
+    assert a.fingerprint() != checked_config({"lr": 0.1}).fingerprint()
 
 
 @pytest.mark.parametrize(
@@ -67,7 +67,7 @@ def test_defaults_are_valid_and_fingerprint_ignores_logging_knobs():
 )
 def test_bad_run_parameters_are_rejected(values, message):
     with pytest.raises(ValueError, match=message):
-        RunConfig.from_dict(values)
+        checked_config(values)
 
 
 def test_compose_layers_and_errors():
@@ -104,13 +104,11 @@ def test_launcher_names_the_data_folder_it_looked_in(tmp_path, monkeypatch):
 def test_step_schedule_decays_at_the_milestone_epochs():
     from common.train.components import lr_schedule
 
-    config = RunConfig.from_dict(
-        {"lr_schedule": "step", "lr_milestones": [2, 3], "lr_decay": 0.5, "epochs": 4}
-    )
+    config = checked_config({"lr_schedule": "step", "lr_milestones": [2, 3], "lr_decay": 0.5, "epochs": 4})
     assert config.lr_milestones == (2, 3)  # YAML's list, stored hashable
     factor = lr_schedule(config, total_steps=40, steps_per_epoch=10)
     assert [factor(s) for s in (0, 19, 20, 29, 30, 39)] == [1.0, 1.0, 0.5, 0.5, 0.25, 0.25]
-    halves = lr_schedule(RunConfig.from_dict({"lr_schedule": "step"}), total_steps=40, steps_per_epoch=10)
+    halves = lr_schedule(checked_config({"lr_schedule": "step"}), total_steps=40, steps_per_epoch=10)
     assert [halves(s) for s in (19, 20, 29, 30)] == [1.0, 0.1, 0.1, pytest.approx(0.01)]
 
 
@@ -168,7 +166,7 @@ def _fuzz_cases():
 @pytest.mark.parametrize("name,value", list(_fuzz_cases()))
 def test_every_key_refuses_a_wrong_type_by_name(name, value):
     with pytest.raises(ValueError) as error:
-        RunConfig.from_dict({name: value})
+        checked_config({name: value})
     assert str(error.value).startswith(f"{name} must be "), str(error.value)
     assert repr(value) in str(error.value)
 
@@ -200,7 +198,7 @@ def test_a_wrong_type_names_the_run_and_the_params_file(monkeypatch):
 )  # fmt: skip
 def test_a_setting_the_strategy_ignores_is_an_error_naming_it(values, message):
     with pytest.raises(ValueError, match=re.escape(message)):
-        RunConfig.from_dict(values)
+        checked_config(values)
 
 
 def test_the_settings_a_strategy_ignores_pass_at_their_neutral_value():
@@ -209,6 +207,6 @@ def test_the_settings_a_strategy_ignores_pass_at_their_neutral_value():
             continue  # a paper's, imported by its own tests (tests/papers/)
         neutral = {name: value for name, value, _ in cls.ignores}
         assert neutral == {name: getattr(RunConfig(), name) for name in neutral}, strategy  # the defaults
-    RunConfig.from_dict(
+    checked_config(
         {"strategy": "sparse", "bucket_numel": None, "compress_per_tensor": False, "transport": "auto"}
     )

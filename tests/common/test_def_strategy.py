@@ -11,6 +11,7 @@ from torch import nn
 from common.compressors import CompressorRNG, build_compressor
 from common.compressors.random_block import RandomBlock
 from common.config import RunConfig
+from common.methods import check_run
 from common.strategies import DetachedEFDataParallel, check_def_options
 from tests.distributed import run_ranks
 
@@ -275,24 +276,26 @@ def test_bad_options_rejected(options: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         check_def_options(options)
     with pytest.raises(ValueError, match=message):
-        RunConfig(
-            dataset="cifar10",
-            model="vgg_small",
-            compressor="random_block",
-            compressor_options={"density": 0.1},
-            strategy="def",
-            strategy_options=options,
-        ).validate()
+        check_run(
+            RunConfig(
+                dataset="cifar10",
+                model="vgg_small",
+                compressor="random_block",
+                compressor_options={"density": 0.1},
+                strategy="def",
+                strategy_options=options,
+            )
+        )
 
 
 def test_config_rejects_what_def_cannot_use() -> None:
     base = dict(dataset="cifar10", model="vgg_small", compressor="random_block", strategy="def")
     with pytest.raises(ValueError, match="density"):
-        RunConfig(**base).validate()  # random_block needs its density
+        check_run(RunConfig(**base))  # random_block needs its density
     with pytest.raises(ValueError, match="strategy def applies momentum SGD itself: optimizer must be sgd"):
-        RunConfig(**base, compressor_options={"density": 0.1}, optimizer="adamw").validate()
+        check_run(RunConfig(**base, compressor_options={"density": 0.1}, optimizer="adamw"))
     with pytest.raises(ValueError, match="set error_feedback: false"):
-        RunConfig(**base, compressor_options={"density": 0.1}, error_feedback=True).validate()
+        check_run(RunConfig(**base, compressor_options={"density": 0.1}, error_feedback=True))
     with pytest.raises(ValueError, match="average_every .*compressor 'identity' has none"):
         DetachedEFDataParallel(
             build_compressor("identity"), momentum=0.9, weight_decay=0.0, options={"average_every": 1}

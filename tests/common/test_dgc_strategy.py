@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from common.compressors import build_compressor
-from common.config import RunConfig
+from common.methods import checked_config
 from common.strategies import DGCDataParallel, check_dgc_options
 from tests.distributed import run_ranks
 
@@ -163,11 +163,11 @@ def test_bad_dgc_options_are_rejected(options, message):
 
 def test_config_rejects_dgc_with_other_optimizers_and_dense_compressors():
     with pytest.raises(ValueError, match="optimizer must be sgd, got 'adamw'"):
-        RunConfig.from_dict({"strategy": "dgc", "compressor": "dgc", "optimizer": "adamw"})
+        checked_config({"strategy": "dgc", "compressor": "dgc", "optimizer": "adamw"})
     with pytest.raises(ValueError, match="unknown strategy 'ddp'; valid: data_parallel, dgc"):
-        RunConfig.from_dict({"strategy": "ddp"})
+        checked_config({"strategy": "ddp"})
     with pytest.raises(ValueError, match="takes no strategy_options"):
-        RunConfig.from_dict({"strategy_options": {"warmup": [0.25]}})
+        checked_config({"strategy_options": {"warmup": [0.25]}})
     with pytest.raises(ValueError, match="needs a sparsifier"):
         DGCDataParallel(build_compressor("fp16"), momentum=0.9, weight_decay=0.0)
 

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from common.config import RunConfig
+from common.methods import check_run
 from common.strategies import Partitions, SparseDataParallel, check_sparse_options
 from common.strategies.sparse import BLOCK_MULTIPLE, scale_threshold
 from tests.distributed import run_ranks
@@ -186,11 +187,11 @@ def test_more_workers_than_blocks_rejected() -> None:
 
 def test_config_wants_identity_and_no_outer_error_feedback() -> None:
     base = dict(dataset="cifar10", model="vgg_small", strategy="sparse", strategy_options={"density": 0.001})
-    RunConfig(**base).validate()
+    check_run(RunConfig(**base))
     with pytest.raises(ValueError, match="set compressor: identity and error_feedback: false"):
-        RunConfig(**base, compressor="topk", compressor_options={"density": 0.001}).validate()
+        check_run(RunConfig(**base, compressor="topk", compressor_options={"density": 0.001}))
     with pytest.raises(ValueError, match="set compressor: identity and error_feedback: false"):
-        RunConfig(**base, error_feedback=True).validate()
+        check_run(RunConfig(**base, error_feedback=True))
 
 
 def _official_rebalance(blk_part, blk_pos, temp_ks, k_prev, sz_blk, sz_grad, min_blk):

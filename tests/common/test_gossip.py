@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from common.config import RunConfig
 from common.gossip import GossipStrategy, base_graph, build_plan, check_gossip_options, step_flags
+from common.methods import checked_config
 from common.topology import paper_graph, paper_matchings, plan, ring
 from tests.distributed import run_ranks
 
@@ -127,13 +127,13 @@ def test_bad_options_rejected(options, world, message) -> None:
 
 def test_run_config_checks_gossip_options_and_refuses_a_compressor() -> None:
     base = {"strategy": "gossip", "world_size": 8, "strategy_options": {"graph": "paper", "budget": 0.3}}
-    assert RunConfig.from_dict(base).strategy_options["budget"] == 0.3
+    assert checked_config(base).strategy_options["budget"] == 0.3
     with pytest.raises(ValueError, match="the paper's graph 0 has 8 nodes but world_size is 4"):
-        RunConfig.from_dict({**base, "world_size": 4})
+        checked_config({**base, "world_size": 4})
     with pytest.raises(ValueError, match=r"strategy gossip exchanges whole models .*\(got 'topk'"):
-        RunConfig.from_dict({**base, "compressor": "topk", "compressor_options": {"density": 0.1}})
+        checked_config({**base, "compressor": "topk", "compressor_options": {"density": 0.1}})
 
 
 def test_a_ring_of_two_is_refused_before_any_rank_starts():
     with pytest.raises(ValueError, match=r"gossip graph ring needs world_size >= 3, got 2"):
-        RunConfig.from_dict({"strategy": "gossip", "world_size": 2, "strategy_options": {"graph": "ring"}})
+        checked_config({"strategy": "gossip", "world_size": 2, "strategy_options": {"graph": "ring"}})

@@ -9,7 +9,7 @@ import torch.distributed as dist
 from common.comm import GradientSync
 from common.comm.hierarchy import HostHierarchy
 from common.compressors import build_compressor
-from common.config import RunConfig
+from common.methods import checked_config
 from tests.distributed import run_ranks
 
 SIZES = [300, 700]
@@ -103,10 +103,7 @@ def test_hosts_of_unequal_size_are_rejected(tmp_path):
 
 def test_only_strategies_that_declare_it_run_hierarchically():
     base = {"dataset": "mnist", "model": "mlp", "world_size": 4, "hierarchical": True}
-    assert RunConfig.from_dict(base).hierarchical
+    assert checked_config(base).hierarchical
     with pytest.raises(ValueError, match="strategy dgc does not synchronise hierarchically"):
-        RunConfig.from_dict({**base, "strategy": "dgc", "compressor": "dgc", "momentum": 0.9})
-    assert (
-        RunConfig.from_dict(base).fingerprint()
-        != RunConfig.from_dict({**base, "hierarchical": False}).fingerprint()
-    )
+        checked_config({**base, "strategy": "dgc", "compressor": "dgc", "momentum": 0.9})
+    assert checked_config(base).fingerprint() != checked_config({**base, "hierarchical": False}).fingerprint()

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from common.config import RunConfig
 from common.data import epoch_batches, load_dataset
 from common.data.loader import epoch_loader
+from common.methods import checked_config
 from tests.common.test_imagefolder import tree  # noqa: F401  (the fixture: a small ILSVRC-like folder)
 
 
@@ -44,10 +44,7 @@ def test_a_bad_worker_count_or_drawn_batches_are_rejected():
         epoch_loader(load_dataset("mnist", "test", limit=8), [], workers=-1)
     base = {"dataset": "mnist", "model": "mlp"}
     with pytest.raises(ValueError, match="data_workers must be null or an integer >= 0, got -2"):
-        RunConfig.from_dict({**base, "data_workers": -2})
+        checked_config({**base, "data_workers": -2})
     with pytest.raises(ValueError, match="data_workers 1 needs sampling: epochs"):
-        RunConfig.from_dict({**base, "data_workers": 1, "sampling": "draws"})
-    assert (
-        RunConfig.from_dict({**base, "data_workers": 2}).fingerprint()
-        == RunConfig.from_dict(base).fingerprint()
-    )
+        checked_config({**base, "data_workers": 1, "sampling": "draws"})
+    assert checked_config({**base, "data_workers": 2}).fingerprint() == checked_config(base).fingerprint()

@@ -3,6 +3,7 @@ declares, never on its name or on probing its attributes."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from typing import Any
@@ -15,7 +16,7 @@ from common.compressors import build_compressor
 from common.compressors.base import Needs
 from common.compressors.terngrad import TernGrad
 from common.config import RunConfig
-from common.methods import STRATEGIES, strategy_class
+from common.methods import STRATEGIES, checked_config, strategy_class
 from common.options import Options
 from common.paths import REPO_ROOT
 from common.strategies import SyncStrategy
@@ -100,9 +101,9 @@ def test_every_strategy_is_registered_under_the_name_it_declares():
 def test_the_library_imports_a_papers_strategy_only_when_a_run_names_it():
     code = (
         "import sys\n"
-        "from common.config import RunConfig\n"
+        "from common.methods import checked_config\n"
         "from common.train import default_strategy\n"
-        "default_strategy(RunConfig.from_dict({'strategy': 'dgc', 'compressor': 'dgc', "
+        "default_strategy(checked_config({'strategy': 'dgc', 'compressor': 'dgc', "
         "'compressor_options': {'density': 0.01}}))\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('papers', 'pipelines')))\n"
     )
@@ -121,6 +122,11 @@ def test_a_registered_strategy_that_cannot_be_imported_says_which(monkeypatch):
         strategy_class("misnamed")
 
 
+@dataclasses.dataclass(frozen=True)
+class _OwnOptions(Options):
+    k: int = 1
+
+
 class _OwnUpdate(SyncStrategy):
     """A new strategy: declarations only, no name of it anywhere in config.py or common/train/."""
 
@@ -132,12 +138,12 @@ class _OwnUpdate(SyncStrategy):
     def check_options(cls, options: dict[str, Any], world_size: int) -> Options:
         if set(options) - {"k"}:
             raise ValueError(f"own_update options: k only, got {sorted(options)}")
-        return Options()
+        return _OwnOptions.from_mapping(options)
 
     @classmethod
-    def from_config(cls, config: RunConfig) -> _OwnUpdate:
+    def from_config(cls, config: RunConfig, options: Options | None = None) -> _OwnUpdate:
         strategy = cls()
-        strategy.k = config.strategy_options.get("k", 1)  # type: ignore[attr-defined]
+        strategy.k = options.k if isinstance(options, _OwnOptions) else 1  # type: ignore[attr-defined]
         return strategy
 
 
@@ -153,8 +159,8 @@ class _OwnUpdate(SyncStrategy):
 def test_a_new_strategy_is_validated_and_built_from_its_declarations(monkeypatch, settings, message):
     monkeypatch.setitem(STRATEGIES, "own_update", _OwnUpdate)
     with pytest.raises(ValueError, match=message):
-        RunConfig.from_dict({"strategy": "own_update", **settings})
-    config = RunConfig.from_dict({"strategy": "own_update", "strategy_options": {"k": 3}})
+        checked_config({"strategy": "own_update", **settings})
+    config = checked_config({"strategy": "own_update", "strategy_options": {"k": 3}})
     strategy = default_strategy(config)
     assert isinstance(strategy, _OwnUpdate) and strategy.k == 3  # type: ignore[attr-defined]
 
@@ -168,7 +174,7 @@ def test_a_strategy_with_its_own_exchange_refuses_a_compressor(monkeypatch):
     with pytest.raises(
         ValueError, match="strategy own_exchange sends its own thing: set compressor: identity"
     ):
-        RunConfig.from_dict({"strategy": "own_exchange", "compressor": "fp16"})
+        checked_config({"strategy": "own_exchange", "compressor": "fp16"})
 
 
 def test_every_strategy_has_typed_frozen_options():
@@ -193,3 +199,33 @@ def test_a_strategy_reads_the_scheduled_lr_through_its_optimizer_also_after_a_re
         build_compressor("random_block", density=0.5), momentum=0.9, weight_decay=0.0
     )
     assert_scheduled_lr_survives_a_resume(strategy, torch.optim.SGD)
+
+
+def test_a_runs_options_are_parsed_once_and_handed_to_its_strategy(monkeypatch):
+    """check_run parses strategy_options into the strategy's typed options; the strategy built from
+    the run holds that very object (one option system: never parsed again from the dict)."""
+    from common.methods import check_run
+    from common.strategies.sparse import SparseOptions
+
+    config = checked_config(
+        {"strategy": "sparse", "strategy_options": {"selector": "topk", "density": 0.01}, "world_size": 1}
+    )
+    method = check_run(config)
+    assert isinstance(method.options, SparseOptions) and method.options.density == 0.01
+    calls = []
+    original = SparseOptions.from_mapping.__func__
+    monkeypatch.setattr(
+        SparseOptions, "from_mapping", classmethod(lambda cls, v: calls.append(v) or original(cls, v))
+    )
+    strategy = method.build(config)
+    assert strategy.options is method.options
+    assert all(isinstance(v, SparseOptions) for v in calls)  # no dict parsed at build time
+
+
+def test_run_config_alone_imports_no_registry():
+    """RunConfig checks types and ranges only; a bad name is an error of checked_config."""
+    from common.config import RunConfig
+
+    config = RunConfig.from_dict({"model": "no_such_model"})
+    with pytest.raises(ValueError, match="unknown model 'no_such_model'"):
+        checked_config(config.to_dict())

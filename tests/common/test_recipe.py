@@ -14,6 +14,7 @@ from torch import nn
 from common.comm.sync import GradientSync
 from common.compressors import build_compressor
 from common.config import RunConfig
+from common.methods import checked_config
 from common.train import autocast
 from common.train.components import cross_entropy_loss, lr_schedule
 from tests.distributed import run_ranks
@@ -106,7 +107,7 @@ def test_num_evaluations_spreads_the_evaluations_and_is_not_in_the_fingerprint()
     assert dataclasses.replace(base, num_evaluations=10, num_logs=40).fingerprint() == base.fingerprint()
     assert -(-435 // 10) == 44  # the loop's spacing: evaluations at 44, 88, ..., 396 and the last step 435
     with pytest.raises(ValueError, match="num_evaluations must be a positive integer or null, got 0"):
-        RunConfig.from_dict({"num_evaluations": 0})
+        checked_config({"num_evaluations": 0})
 
 
 def _clipped_sync(rank: int, world: int) -> float:

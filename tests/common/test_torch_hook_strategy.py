@@ -10,10 +10,10 @@ import pytest
 import torch
 from torch import nn
 
-from common.config import RunConfig
 from common.data import load_dataset
 from common.data.sampling import epoch_batches
 from common.distributed import DistContext, seed_everything
+from common.methods import checked_config
 from common.models import build_model
 from common.strategies import TorchHookDataParallel
 from common.train import MODEL_FILE, default_strategy, train
@@ -41,7 +41,7 @@ def _both(rank: int, world: int, options: dict, out: str) -> dict:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    config = RunConfig.from_dict({**BASE, "strategy_options": options})
+    config = checked_config({**BASE, "strategy_options": options})
     ctx = DistContext(
         rank=rank, world_size=world, local_rank=rank, backend="gloo", device=torch.device("cpu")
     )
@@ -90,12 +90,12 @@ def test_the_loop_with_torchs_hook_equals_a_plain_ddp_loop_with_it(tmp_path, opt
 
 def test_bad_options_and_a_users_loop_are_refused():
     with pytest.raises(ValueError, match="unknown torch_hook hook 'fp8'; valid: fp16, bf16, powersgd"):
-        RunConfig.from_dict({**BASE, "strategy_options": {"hook": "fp8"}})
+        checked_config({**BASE, "strategy_options": {"hook": "fp8"}})
     with pytest.raises(ValueError, match="start_iter must be an integer >= 2"):
-        RunConfig.from_dict({**BASE, "strategy_options": {"hook": "powersgd", "start_iter": 1}})
+        checked_config({**BASE, "strategy_options": {"hook": "powersgd", "start_iter": 1}})
     with pytest.raises(ValueError, match="strategy torch_hook ignores bucket_numel"):
-        RunConfig.from_dict({**BASE, "strategy_options": {"hook": "fp16"}, "bucket_numel": 1000})
-    strategy = default_strategy(RunConfig.from_dict({**BASE, "strategy_options": {"hook": "bf16"}}))
+        checked_config({**BASE, "strategy_options": {"hook": "fp16"}, "bucket_numel": 1000})
+    strategy = default_strategy(checked_config({**BASE, "strategy_options": {"hook": "bf16"}}))
     assert isinstance(strategy, TorchHookDataParallel) and strategy.options.hook == "bf16"
     with pytest.raises(TypeError, match="register_comm_hook"):
         strategy.optimizer(nn.Linear(2, 2))

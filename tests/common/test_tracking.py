@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from common import tracking
+from common.methods import checked_config
 
 
 def _git(repo: Path, *args: str) -> None:
@@ -120,7 +121,6 @@ def test_a_server_killed_mid_run_leaves_the_run_marked_partial(tmp_path, monkeyp
     import torch
     from mlflow.tracking import MlflowClient
 
-    from common.config import RunConfig
     from common.distributed import DistContext
     from common.train import train
     from tests.distributed import free_port
@@ -130,7 +130,7 @@ def test_a_server_killed_mid_run_leaves_the_run_marked_partial(tmp_path, monkeyp
     monkeypatch.setenv("MLFLOW_TRACKING_URI", server.uri)
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
-    config = RunConfig.from_dict({**CONFIG, "world_size": 1, "epochs": 1, "log_every": 2, "eval_every": 100})
+    config = checked_config({**CONFIG, "world_size": 1, "epochs": 1, "log_every": 2, "eval_every": 100})
 
     def outage(info) -> None:
         if info.step == 10:

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from common.config import RunConfig
 from common.distributed import DistContext
+from common.methods import checked_config
 from common.paths import REPO_ROOT
 from common.train import StepInfo, train
 from pipelines.launch import RESTART_SAFE_ENV
@@ -54,7 +54,7 @@ def _train_ranks(rank: int, world: int, out: str, stop_at: int | None, overrides
             raise Stop(f"stopped at {info.step}")
 
     try:
-        metrics = train(RunConfig.from_dict({**CONFIG, **(overrides or {})}), out, callbacks=[stop], ctx=ctx)
+        metrics = train(checked_config({**CONFIG, **(overrides or {})}), out, callbacks=[stop], ctx=ctx)
     except Stop:
         return {"stopped": True}
     return {"metrics": metrics}
@@ -156,7 +156,7 @@ def test_stop_at_ends_at_the_first_evaluation_reaching_the_target_on_the_full_ru
 )
 def test_a_bad_stop_at_names_what_is_allowed(stop_at, message):
     with pytest.raises(ValueError, match=re.escape(message)):
-        RunConfig.from_dict({**CONFIG, "stop_at": stop_at})
+        checked_config({**CONFIG, "stop_at": stop_at})
 
 
 def _read_csv(path: Path) -> list[dict[str, str]]:
@@ -222,7 +222,7 @@ def test_unreachable_mlflow_costs_one_warning_and_training_goes_on(tmp_path, mon
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed once the with-block ends: nothing listens there
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{port}")
-    config = RunConfig.from_dict({**CONFIG, "epochs": 1, "world_size": 1, "train_limit": 128, "compressor": "identity",
+    config = checked_config({**CONFIG, "epochs": 1, "world_size": 1, "train_limit": 128, "compressor": "identity",
                                   "compressor_options": {}, "error_feedback": False})  # fmt: skip
     ctx = DistContext(rank=0, world_size=1, local_rank=0, backend="gloo", device=torch.device("cpu"))
     with caplog.at_level(logging.WARNING):
@@ -239,7 +239,7 @@ def test_artifacts_dir_holds_model_and_checkpoints_and_evaluate_finds_them(tmp_p
     there; without it, an error that says why and what to do."""
     from common.train import MODEL_FILE, evaluate_trained
 
-    config = RunConfig.from_dict({**CONFIG, "epochs": 1, "world_size": 1, "train_limit": 128, "compressor": "identity",
+    config = checked_config({**CONFIG, "epochs": 1, "world_size": 1, "train_limit": 128, "compressor": "identity",
                                   "compressor_options": {}, "error_feedback": False, "checkpoint_every": 4})  # fmt: skip
     ctx = DistContext(rank=0, world_size=1, local_rank=0, backend="gloo", device=torch.device("cpu"))
     out, artifacts = tmp_path / "results" / "run", tmp_path / "artifacts" / "run"

@@ -22,6 +22,7 @@ from common.data.base import DatasetInfo
 from common.data.images import ImageDataset
 from common.data.text import TextDataset
 from common.distributed import DistContext
+from common.methods import checked_config
 from common.strategies import DataParallel
 from common.train import StepInfo, evaluate, train
 from tests.distributed import run_ranks
@@ -76,7 +77,7 @@ def _ops_per_step(rank: int, world: int, out: str, overrides: dict) -> dict[str,
         return loss
 
     with mock.patch.object(train_module, "_train_step", counted):
-        config = RunConfig.from_dict({**PLAIN, "world_size": world, **overrides})
+        config = checked_config({**PLAIN, "world_size": world, **overrides})
         metrics = train(config, out, ctx=_ctx(rank, world))
     rows = (Path(out) / "train_curve.csv").read_text().splitlines()[1:] if rank == 0 else []
     return {"steps": steps, "metrics": metrics, "logged": [int(r.split(",")[0]) for r in rows]}
@@ -124,7 +125,7 @@ class _LossBecomes(DataParallel):
 
 
 def _train_until_error(rank: int, world: int, out: str, overrides: dict, at: int, value: float) -> str:
-    config = RunConfig.from_dict({**PLAIN, "world_size": world, **overrides})
+    config = checked_config({**PLAIN, "world_size": world, **overrides})
     try:
         train(config, out, ctx=_ctx(rank, world), strategy=_LossBecomes(config, at, value))
     except FloatingPointError as error:
@@ -161,7 +162,7 @@ def test_step_info_loss_is_this_ranks_loss_read_when_asked(tmp_path):
     def record(info: StepInfo) -> None:
         seen.append((info.loss, info.logged["train_loss"]))
 
-    config = RunConfig.from_dict({**PLAIN, "world_size": 1, "train_limit": 64, "log_every": 1})
+    config = checked_config({**PLAIN, "world_size": 1, "train_limit": 64, "log_every": 1})
     train(config, tmp_path, ctx=_ctx(0, 1), callbacks=[record])
     assert len(seen) == 4 and all(loss == logged for loss, logged in seen)
 

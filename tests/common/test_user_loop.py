@@ -10,10 +10,10 @@ import pytest
 import torch
 from torch import nn
 
-from common.config import RunConfig
 from common.data import load_dataset
 from common.data.sampling import epoch_batches
 from common.distributed import DistContext, seed_everything
+from common.methods import checked_config
 from common.models import build_model
 from common.train import MODEL_FILE, default_strategy, train
 from tests.distributed import run_ranks
@@ -50,7 +50,7 @@ METHODS = {
 
 
 def _both(rank: int, world: int, name: str, out: str) -> dict:
-    config = RunConfig.from_dict({**BASE, **METHODS[name], "world_size": world})
+    config = checked_config({**BASE, **METHODS[name], "world_size": world})
     ctx = DistContext(
         rank=rank, world_size=world, local_rank=rank, backend="gloo", device=torch.device("cpu")
     )

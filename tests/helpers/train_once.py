@@ -21,6 +21,7 @@ from pathlib import Path
 
 from common.config import RunConfig
 from common.distributed import shutdown
+from common.methods import checked_config
 from common.train import StepInfo, train
 
 CONFIG = {
@@ -45,7 +46,7 @@ CONFIG = {
 
 
 def config() -> RunConfig:
-    return RunConfig.from_dict(CONFIG)
+    return checked_config(CONFIG)
 
 
 def main() -> None:
@@ -88,7 +89,7 @@ def main() -> None:
         "world_size": args.world_size,
         "data_workers": args.data_workers,
     }
-    run = RunConfig.from_dict({**CONFIG, **{k: v for k, v in overrides.items() if v is not None}})
+    run = checked_config({**CONFIG, **{k: v for k, v in overrides.items() if v is not None}})
     try:
         train(run, out, callbacks=[maybe_die])
     finally:

@@ -109,8 +109,10 @@ class CompactDataParallel(SyncStrategy):
         return check_compact_options(options)
 
     @classmethod
-    def from_config(cls, config: RunConfig) -> CompactDataParallel:
-        options = check_compact_options(config.strategy_options)
+    def from_config(cls, config: RunConfig, options: Options | None = None) -> CompactDataParallel:
+        options = check_compact_options(
+            CompactOptions.from_mapping(config.strategy_options if options is None else options)
+        )
         assert options.masks is not None  # checked
         path = Path(options.masks)
         if not path.is_file():

@@ -207,8 +207,10 @@ class PipelineDataParallel(SyncStrategy):
             )
 
     @classmethod
-    def from_config(cls, config: RunConfig) -> PipelineDataParallel:
-        options = check_pipeline_options(config.strategy_options, config.world_size)
+    def from_config(cls, config: RunConfig, options: Options | None = None) -> PipelineDataParallel:
+        options = check_pipeline_options(
+            config.strategy_options if options is None else options, config.world_size
+        )
         masks = None
         if options.masks is not None:
             path = Path(options.masks)

@@ -10,10 +10,10 @@ import pytest
 import torch
 from torch import nn
 
-from common.config import RunConfig
 from common.data import load_dataset
 from common.data.sampling import epoch_batches
 from common.distributed import DistContext, seed_everything
+from common.methods import checked_config
 from common.models import build_model
 from common.train import MODEL_FILE, default_strategy, train
 from papers.sparse_axonn.pruning import apply_masks, load_masks, magnitude_masks, save_masks
@@ -53,7 +53,7 @@ def _masks_file(tmp_path: Path) -> Path:
 
 
 def _loops(rank: int, world: int, masks_path: str, out: str) -> dict:
-    config = RunConfig.from_dict(
+    config = checked_config(
         {**BASE, "strategy": "compact", "strategy_options": {"masks": masks_path}, "world_size": world}
     )
     ctx = DistContext(
@@ -115,19 +115,19 @@ def test_the_compact_step_equals_dense_adamw_on_the_masked_model_and_the_thinwir
 
 def test_a_compact_run_names_its_masks_and_uses_adamw(tmp_path):
     with pytest.raises(ValueError, match="compact masks must name the prune stage's mask file"):
-        RunConfig.from_dict({**BASE, "strategy": "compact"})
+        checked_config({**BASE, "strategy": "compact"})
     with pytest.raises(
         ValueError,
         match="strategy compact applies AdamW on the unpruned entries itself: optimizer must be adamw",
     ):
-        RunConfig.from_dict(
+        checked_config(
             {**BASE, "strategy": "compact", "optimizer": "sgd", "strategy_options": {"masks": "m.pt"}}
         )
     with pytest.raises(ValueError, match="strategy compact ignores bucket_numel"):
-        RunConfig.from_dict(
+        checked_config(
             {**BASE, "strategy": "compact", "bucket_numel": 64, "strategy_options": {"masks": "m.pt"}}
         )
-    config = RunConfig.from_dict(
+    config = checked_config(
         {**BASE, "strategy": "compact", "strategy_options": {"masks": str(tmp_path / "no.pt")}}
     )
     with pytest.raises(FileNotFoundError, match="no.pt does not exist: run the prune stage first"):

@@ -17,6 +17,7 @@ from common.config import RunConfig
 from common.data import load_dataset
 from common.data.sampling import epoch_batches
 from common.distributed import DistContext, seed_everything
+from common.methods import checked_config
 from common.models import build_model
 from common.train import MODEL_FILE, StepInfo, evaluate_trained, train
 from papers.sparse_axonn.compact import CompactTraining
@@ -74,7 +75,7 @@ def _masks_file(path: Path) -> str:
 
 def _config(masks: str | None, **over) -> RunConfig:
     options = {"stages": 2, "microbatches": MICRO, **({"masks": masks} if masks else {})}
-    return RunConfig.from_dict({**BASE, "strategy_options": options, **over})
+    return checked_config({**BASE, "strategy_options": options, **over})
 
 
 def _ctx(rank: int, world: int) -> DistContext:
@@ -235,7 +236,7 @@ def test_a_stopped_run_resumes_bit_exactly(runs):
 )
 def test_bad_pipeline_runs_are_rejected_before_anything_starts(over, message):
     with pytest.raises(ValueError, match=message):
-        RunConfig.from_dict({**BASE, "strategy_options": {"stages": 2}, **over})
+        checked_config({**BASE, "strategy_options": {"stages": 2}, **over})
 
 
 def test_missing_masks_name_the_file(tmp_path):
@@ -259,8 +260,8 @@ def test_drawn_batches_are_the_paper_stages_global_batch_split_over_the_replicas
         px, py = batch(data, 3, step, 16)
         assert torch.equal(x, px) and torch.equal(y, py)
     with pytest.raises(ValueError, match="first_step 5 needs sampling: draws"):
-        RunConfig.from_dict({"first_step": 5})
+        checked_config({"first_step": 5})
     with pytest.raises(ValueError, match="unknown sampling 'shuffle'; valid: epochs, draws"):
-        RunConfig.from_dict({"sampling": "shuffle"})
-    base = RunConfig.from_dict({})  # draws change the computation: another checkpoint folder
-    assert base.fingerprint() != RunConfig.from_dict({"sampling": "draws"}).fingerprint()
+        checked_config({"sampling": "shuffle"})
+    base = checked_config({})  # draws change the computation: another checkpoint folder
+    assert base.fingerprint() != checked_config({"sampling": "draws"}).fingerprint()

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from common.config import RunConfig
-from common.methods import STRATEGIES, strategy_class
+from common.methods import STRATEGIES, checked_config, strategy_class
 from common.models import build_model
 from common.options import Options
 from common.paths import REPO_ROOT
@@ -28,7 +28,7 @@ def test_the_library_names_the_papers_strategies_and_imports_them_when_asked():
         assert isinstance(STRATEGIES[name], str)  # a name, not an import of the paper
         assert strategy_class(name) is cls and cls.name == name and isinstance(cls.needs, MethodNeeds)
     with pytest.raises(ValueError, match=r"unknown strategy 'axonn'; valid: .*\bcompact\b.*\bpipeline\b"):
-        RunConfig.from_dict({"strategy": "axonn"})
+        checked_config({"strategy": "axonn"})
 
 
 def test_the_papers_strategies_have_typed_frozen_options_and_neutral_ignores():
@@ -51,7 +51,7 @@ def _masks_file(tmp_path) -> str:
 
 def test_a_compact_run_validates_and_builds_through_the_library(tmp_path):
     masks = _masks_file(tmp_path)
-    config = RunConfig.from_dict(
+    config = checked_config(
         {
             "model_options": {"hidden_sizes": [8]},
             "optimizer": "adamw",
@@ -70,12 +70,12 @@ def test_the_papers_module_is_imported_only_once_a_run_names_it(tmp_path):
     masks = _masks_file(tmp_path)
     code = (
         "import sys\n"
-        "from common.config import RunConfig\n"
+        "from common.methods import checked_config\n"
         "from common.train import default_strategy\n"
         "loaded = lambda: 'papers.sparse_axonn.strategies.compact' in sys.modules\n"
-        "RunConfig.from_dict({'strategy': 'data_parallel'})\n"
+        "checked_config({'strategy': 'data_parallel'})\n"
         "before = loaded()\n"
-        "config = RunConfig.from_dict({'model_options': {'hidden_sizes': [8]}, 'optimizer': 'adamw',\n"
+        "config = checked_config({'model_options': {'hidden_sizes': [8]}, 'optimizer': 'adamw',\n"
         f"    'strategy': 'compact', 'strategy_options': {{'masks': {masks!r}}}}})\n"
         "default_strategy(config)\n"
         "print(before, loaded())\n"
