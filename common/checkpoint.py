@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 from .distributed import barrier
-from .fileio import atomic_write, atomic_write_json, atomic_write_text
+from .fileio import WriteError, atomic_write, atomic_write_json, atomic_write_text, check_writable
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +139,8 @@ class Checkpointer:
         every rank verified, whether the marker lists it or not (a folder outside the marker is a
         checkpoint of this run whose marker update or clean-up did not happen)."""
         self.resumed = None
+        # a read-only folder fails here, before any step is trained, not at the first checkpoint
+        check_writable(self.dir, "checkpoint folder")
         listed, complete = self._listed()
         # a finished run starts fresh (its files go at the new run's first checkpoint)
         on_disk = [] if complete else self._steps_on_disk()
@@ -203,9 +205,18 @@ class Checkpointer:
     # -- save --------------------------------------------------------------------------------------
 
     def save(self, step: int, state: dict[str, Any], *, complete: bool = False) -> None:
+        """Write this rank's state of ``step`` (a collective). A full or read-only disk raises
+        :class:`~common.fileio.WriteError` naming the file; the checkpoints before stay intact."""
         path = self._file(step)
-        atomic_write(path, lambda p: torch.save(state, p))
-        atomic_write_text(path.with_suffix(".sha256"), f"{file_sha256(path)}  {path.name}\n")
+        try:
+            atomic_write(path, lambda p: torch.save(state, p))
+            atomic_write_text(path.with_suffix(".sha256"), f"{file_sha256(path)}  {path.name}\n")
+        except WriteError as error:
+            error.detail += (
+                f". Checkpoint step {step} is not written; the ones before it in {self.dir} are intact "
+                "and a rerun resumes from the newest"
+            )
+            raise
         barrier()  # every rank's file and hash are on disk before the marker points at them
         if self.rank == 0:
             earlier: set[int] = set()
