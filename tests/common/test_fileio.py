@@ -16,7 +16,7 @@ import torch
 
 from common.checkpoint import Checkpointer
 from common.fileio import WriteError, atomic_write, atomic_write_text, check_writable
-from tests.helpers.mounts import tmpfs
+from tests.helpers.mounts import read_only_folder, tmpfs
 
 BIG = {"w": torch.zeros(200_000)}  # 800 KB: more than the 256 KiB disk
 
@@ -29,18 +29,8 @@ def full_disk(tmp_path: Path) -> Iterator[Path]:
 
 @pytest.fixture
 def read_only(tmp_path: Path) -> Iterator[Path]:
-    """A folder nobody may write: a read-only mount as root (root ignores permissions), else 0555."""
-    if os.geteuid() == 0:
-        with tmpfs(tmp_path / "ro", size="64k", read_only=True) as folder:
-            yield folder
-        return
-    folder = tmp_path / "ro"
-    folder.mkdir()
-    folder.chmod(0o555)
-    try:
+    with read_only_folder(tmp_path / "ro") as folder:
         yield folder
-    finally:
-        folder.chmod(0o755)
 
 
 def _no_temporaries(folder: Path) -> list[str]:

@@ -33,3 +33,19 @@ def tmpfs(where: Path, *, size: str = "1m", read_only: bool = False) -> Iterator
         subprocess.run(["umount", str(where)], capture_output=True, check=False)
         if os.path.ismount(where):  # still busy (an open file): detach it now, freed when closed
             subprocess.run(["umount", "-l", str(where)], capture_output=True, check=True)
+
+
+@contextmanager
+def read_only_folder(where: Path) -> Iterator[Path]:
+    """A folder nobody may write at ``where``: a read-only tmpfs as root (root ignores permissions),
+    else a folder of mode 0555 (given back its write permission on exit)."""
+    if os.geteuid() == 0:
+        with tmpfs(where, size="64k", read_only=True) as folder:
+            yield folder
+        return
+    where.mkdir(parents=True)
+    where.chmod(0o555)
+    try:
+        yield where
+    finally:
+        where.chmod(0o755)
