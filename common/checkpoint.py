@@ -213,8 +213,8 @@ class Checkpointer:
             atomic_write_text(path.with_suffix(".sha256"), f"{file_sha256(path)}  {path.name}\n")
         except WriteError as error:
             error.detail += (
-                f". Checkpoint step {step} is not written; the ones before it in {self.dir} are intact "
-                "and a rerun resumes from the newest"
+                f". Checkpoint step {step} is not written; any before it in {self.dir} are intact and "
+                "a rerun resumes from the newest"
             )
             raise
         barrier()  # every rank's file and hash are on disk before the marker points at them

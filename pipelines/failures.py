@@ -150,7 +150,7 @@ def verdict(records: list[dict[str, Any]], exits: Mapping[int, int]) -> tuple[bo
     fatal = [r for r in records if r.get("cause")]
     if fatal:
         first = fatal[0]
-        return False, f"rank {first['rank']} failed with {first['cause']}: {_short(first['error'])}"
+        return False, f"rank {first['rank']} failed with {first['cause']}: {_short(first['error'], 2000)}"
     unrecorded = sorted(rank for rank, code in exits.items() if code == EXIT_NO_RETRY)
     if unrecorded:
         return False, (

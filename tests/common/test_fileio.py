@@ -71,7 +71,7 @@ def test_a_checkpoint_on_a_full_disk_names_the_file_and_the_one_before_resumes(f
     assert caught.value.errno == errno.ENOSPC
     assert message.startswith(f"cannot write {ckpt.dir / 'step-00000020' / 'rank0.pt'}: No space left")
     assert message.endswith(
-        f"Checkpoint step 20 is not written; the ones before it in {ckpt.dir} are intact and a rerun "
+        f"Checkpoint step 20 is not written; any before it in {ckpt.dir} are intact and a rerun "
         "resumes from the newest"
     )
     assert ckpt.resume_step() == 10

@@ -25,7 +25,7 @@ from common.paths import REPO_ROOT
 from pipelines.failures import EXIT_NO_RETRY
 from tests.helpers import faulty_stage
 from tests.helpers.mlflow_store import fresh_store
-from tests.helpers.mounts import read_only_folder
+from tests.helpers.mounts import read_only_folder, tmpfs
 from tests.helpers.processes import run_group
 from tests.helpers.refusal import launch_refusal
 from tests.helpers.train_once import CONFIG
@@ -130,6 +130,29 @@ def test_a_nan_is_not_retried_and_the_last_line_names_the_rank_and_the_cause(tmp
     assert sum(line.startswith("error:") for line in lines) == 1
     assert "error_file: <N/A>" not in result.stderr and "ChildFailedError" not in result.stderr
     assert f"exitcode: {EXIT_NO_RETRY}" in result.stderr  # the workers' exit code for it
+
+
+def test_a_full_disk_is_not_retried_and_the_last_line_names_the_file(tmp_path):
+    """The run folder is a real 256 KiB tmpfs: the first checkpoint (step 8) does not fit. The
+    launch fails once (max_restarts 2), its last line naming the rank, the file and ENOSPC."""
+    pipeline = tmp_path / "own"
+    pipeline.mkdir()
+    defaults = {**CONFIG, "max_restarts": 2}
+    (pipeline / "params.yaml").write_text(yaml.safe_dump({"scale": "t", "scales": {"t": {}}, "defaults": defaults, "runs": {"r": {}}}))  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "MLFLOW_TRACKING_URI": fresh_store(tmp_path)}
+    with tmpfs(tmp_path / "disk", size="256k") as disk:
+        command = [sys.executable, "-m", "pipelines.launch", str(pipeline), "r", "--out", str(disk / "run")]
+        result = run_group(command, timeout=300, env=env)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert not [line for line in lines if line.startswith("launch: attempt")]
+    assert re.fullmatch(
+        rf"error: rank [01] failed with a full disk: WriteError: cannot write {re.escape(str(disk))}/run/ckpt/\w+/"
+        r"step-00000008/rank[01]\.pt: No space left on device \(.* free on the filesystem of .*\): free "
+        r"some space there.*\. Checkpoint step 8 is not written; any before it in .* are intact and a "
+        r"rerun resumes from the newest\. Not restarted: a restart would fail the same way",
+        lines[-1],
+    ), lines[-3:]
 
 
 def test_a_read_only_run_folder_is_refused_before_any_worker_starts(tmp_path, monkeypatch):
