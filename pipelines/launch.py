@@ -242,7 +242,9 @@ def main(argv: list[str] | None = None) -> None:
         os.environ[failures.FAILURES_ENV] = failures_dir
         # torchrun's own record of the first failure (it copies the rank's): quietly, in there too
         os.environ["TORCHELASTIC_ERROR_FILE"] = os.path.join(failures_dir, "launcher-error.json")
-        raise SystemExit(_start(args, config.world_size, config.max_restarts, failures_dir))
+        code = _start(args, config.world_size, config.max_restarts, failures_dir)
+    if code:
+        raise SystemExit(code)
 
 
 def _start(args: argparse.Namespace, world_size: int, max_restarts: int, failures_dir: str) -> int:
