@@ -13,12 +13,14 @@ Each rank writes its tensors atomically, then their hash; after a barrier, rank 
 any point leaves the previous checkpoints readable.
 
 Resume (:meth:`Checkpointer.resume_step`, a collective): every rank verifies its own file of each
-kept step against its hash; the ranks then agree on the newest step every rank verified. A damaged
-or missing file costs one warning naming it and a fall-back to the step before; if no kept step is
-intact on every rank the run stops with an error (it never trains on from a damaged state). A run
-whose ``latest.json`` is marked complete starts from scratch (its files stay until the new run's
-first checkpoint replaces them); an unreadable ``latest.json`` is named and the step folders on disk
-are tried instead.
+step, listed in ``latest.json`` or on disk, against its hash; the ranks then agree on the newest
+listed step every rank verified. A damaged or missing file costs one warning naming it and a
+fall-back to the step before; when no listed step is intact on every rank (the marker names a
+folder that is gone, or only damaged ones), the newest step folder on disk intact on every rank is
+resumed, with a warning; if none is, the run stops with an error naming what the marker lists and
+what is on disk (it never trains on from a damaged state). A run whose ``latest.json`` is marked
+complete starts from scratch (its files stay until the new run's first checkpoint replaces them);
+a missing or unreadable ``latest.json`` is named and the step folders on disk are tried instead.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 from .distributed import barrier
-from .fileio import atomic_write, atomic_write_json, atomic_write_text
+from .fileio import WriteError, atomic_write, atomic_write_json, atomic_write_text, check_writable
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +66,7 @@ class Checkpointer:
         self.rank = rank
         self.world_size = world_size
         self.keep = keep
+        self.resumed: int | None = None  # the step resume_step chose
 
     def _step_dir(self, step: int) -> Path:
         return self.dir / f"step-{step:08d}"
@@ -73,31 +76,35 @@ class Checkpointer:
 
     # -- resume ------------------------------------------------------------------------------------
 
-    def _candidates(self) -> tuple[list[int], bool]:
-        """(kept steps, newest first; complete?) from ``latest.json``, else from the folders on disk."""
-        marker = self.dir / "latest.json"
-        steps_on_disk = sorted(
+    def _steps_on_disk(self) -> list[int]:
+        """The steps whose folders exist, newest first (listed in ``latest.json`` or not)."""
+        return sorted(
             (int(m.group(1)) for p in self.dir.glob("step-*") if (m := _STEP_DIR.match(p.name))),
             reverse=True,
         )
+
+    def _listed(self) -> tuple[list[int], bool]:
+        """(the steps ``latest.json`` lists, newest first; complete?), or ([], False) without a
+        readable marker (named in a warning when step folders are on disk)."""
+        marker = self.dir / "latest.json"
         if not marker.exists():
-            if steps_on_disk and self.rank == 0:
-                log.warning("%s is missing; trying the step folders on disk: %s", marker, steps_on_disk)
-            return steps_on_disk, False
+            if self.rank == 0 and (on_disk := self._steps_on_disk()):
+                log.warning("%s is missing; trying the step folders on disk: %s", marker, on_disk)
+            return [], False
         try:
             info = json.loads(marker.read_text())
-            steps = [int(s) for s in info.get("steps", [info["step"]])]
+            steps = sorted((int(s) for s in info.get("steps", [info["step"]])), reverse=True)
             complete, world_size = bool(info.get("complete")), info.get("world_size")
-        except (OSError, ValueError, KeyError, TypeError) as error:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
             if self.rank == 0:
                 log.warning(
                     "checkpoint marker %s is unreadable (%s: %s); trying the step folders on disk: %s",
                     marker,
                     type(error).__name__,
                     error,
-                    steps_on_disk,
+                    self._steps_on_disk(),
                 )
-            return steps_on_disk, False
+            return [], False
         if world_size != self.world_size:
             raise CheckpointError(
                 f"checkpoint in {self.dir} was written by {world_size} ranks, this run has "
@@ -125,12 +132,21 @@ class Checkpointer:
         return None
 
     def resume_step(self) -> int | None:
-        """The step every rank resumes from, or None to start fresh. A collective: call on every rank."""
-        candidates, complete = self._candidates()
-        if complete:
-            candidates = []
+        """The step every rank resumes from, or None to start fresh. A collective: call on every rank.
+
+        The newest step that ``latest.json`` lists and every rank verified; if none is (the marker
+        lists a folder that is gone, or only damaged ones), the newest step folder on disk that
+        every rank verified, whether the marker lists it or not (a folder outside the marker is a
+        checkpoint of this run whose marker update or clean-up did not happen)."""
+        self.resumed = None
+        # a read-only folder fails here, before any step is trained, not at the first checkpoint
+        check_writable(self.dir, "checkpoint folder")
+        listed, complete = self._listed()
+        # a finished run starts fresh (its files go at the new run's first checkpoint)
+        on_disk = [] if complete else self._steps_on_disk()
+        listed = [] if complete else listed
         verified = []
-        for step in candidates:
+        for step in sorted(set(listed) | set(on_disk), reverse=True):
             problem = self.verify(step)
             if problem is None:
                 verified.append(step)
@@ -138,27 +154,40 @@ class Checkpointer:
                 log.warning(
                     "rank %d: checkpoint step %d is damaged: %s; falling back", self.rank, step, problem
                 )
-        mine = (candidates, verified)
+        mine = (listed, on_disk, verified)
         if dist.is_available() and dist.is_initialized() and self.world_size > 1:
             everyone: list[Any] = [None] * self.world_size
             dist.all_gather_object(everyone, mine)
         else:
             everyone = [mine]
-        if not any(c for c, _ in everyone):
+        if not any(their_listed or their_disk for their_listed, their_disk, _ in everyone):
             return None  # no checkpoint anywhere: a fresh run
-        common = set.intersection(*(set(v) for _, v in everyone))
-        if common:
-            step = max(common)
-            newest = max(max(c) for c, _ in everyone if c)
-            if step != newest and self.rank == 0:
+        common = set.intersection(*(set(v) for _, _, v in everyone))
+        any_listed = set().union(*(set(their_listed) for their_listed, _, _ in everyone))
+        if common & any_listed:
+            step = self.resumed = max(common & any_listed)
+            if step != max(any_listed) and self.rank == 0:
                 log.info("all ranks resume from step %d, the newest checkpoint intact on every rank", step)
             return step
+        if common:
+            step = self.resumed = max(common)
+            if any_listed and self.rank == 0:
+                log.warning(
+                    "no step that %s lists (%s) is intact on every rank; all ranks resume from step %d, "
+                    "the newest step folder on disk intact on every rank",
+                    self.dir / "latest.json",
+                    sorted(any_listed, reverse=True),
+                    step,
+                )
+            return step
         report = "; ".join(
-            f"rank {r}: steps {c} on disk, {v or 'none'} intact" for r, (c, v) in enumerate(everyone)
-        )
+            f"rank {r}: " + (f"latest.json lists {their_listed}, " if their_listed else "")
+            + f"step folders on disk {their_disk}, {v or 'none'} intact"
+            for r, (their_listed, their_disk, v) in enumerate(everyone)
+        )  # fmt: skip
         raise CheckpointError(
             f"no checkpoint in {self.dir} is intact on every rank ({report}): refusing to train on from a "
-            "damaged state. Move that folder away to start the run from scratch"
+            "damaged or missing state. Move that folder away to start the run from scratch"
         )
 
     def load(self, step: int) -> dict[str, Any]:
@@ -176,19 +205,31 @@ class Checkpointer:
     # -- save --------------------------------------------------------------------------------------
 
     def save(self, step: int, state: dict[str, Any], *, complete: bool = False) -> None:
+        """Write this rank's state of ``step`` (a collective). A full or read-only disk raises
+        :class:`~common.fileio.WriteError` naming the file; the checkpoints before stay intact."""
         path = self._file(step)
-        atomic_write(path, lambda p: torch.save(state, p))
-        atomic_write_text(path.with_suffix(".sha256"), f"{file_sha256(path)}  {path.name}\n")
+        try:
+            atomic_write(path, lambda p: torch.save(state, p))
+            atomic_write_text(path.with_suffix(".sha256"), f"{file_sha256(path)}  {path.name}\n")
+        except WriteError as error:
+            error.detail += (
+                f". Checkpoint step {step} is not written; any before it in {self.dir} are intact and "
+                "a rerun resumes from the newest"
+            )
+            raise
         barrier()  # every rank's file and hash are on disk before the marker points at them
         if self.rank == 0:
-            kept = [step]
+            earlier: set[int] = set()
             try:
                 previous = json.loads((self.dir / "latest.json").read_text())
                 if not previous.get("complete"):
-                    kept += [int(s) for s in previous.get("steps", [previous["step"]]) if int(s) < step]
-            except (OSError, ValueError, KeyError, TypeError):
+                    earlier = {int(s) for s in previous.get("steps", [previous["step"]])}
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
                 pass  # no (readable) marker: this is the only checkpoint listed
-            kept = kept[: self.keep]
+            if self.resumed is not None:  # perhaps a folder the marker did not list (resume_step)
+                earlier.add(self.resumed)
+            earlier = {s for s in earlier if s < step and self._step_dir(s).is_dir()}
+            kept = [step, *sorted(earlier, reverse=True)][: self.keep]
             atomic_write_json(
                 self.dir / "latest.json",
                 {"step": step, "steps": kept, "complete": complete, "world_size": self.world_size},

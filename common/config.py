@@ -237,7 +237,7 @@ _RANGES: dict[str, tuple[float, float, bool, bool, bool]] = {
     "lr_end_factor": (0, 1, False, False, False),
     "label_smoothing": (0, 1, False, True, False),
     "grad_clip_norm": (0, math.inf, True, False, True),
-    "collective_timeout_s": (0, math.inf, True, False, False),
+    "collective_timeout_s": (1, math.inf, False, False, False),  # under 1 s a busy peer looks dead
 }
 
 

@@ -7,13 +7,15 @@ Without ``--out`` a run goes to the git-ignored ``scratch/``: only DVC stages, w
 folder, write under ``results/`` (a hand run at smoke scale once replaced a committed 98 % result
 by a 30 % one).
 Bad parameters fail here, before any worker starts, and so does a second launch on a run folder
-that a running launch holds (:mod:`common.runlock`). The process then runs torchrun's own ``main``
-(what the ``torchrun`` script runs, with torch imported already: a smoke launch took 23.5 s against
-24.4 s through a fresh ``torchrun``), so Ctrl-C and DVC's signals reach torchrun, which stops its
-workers; a SIGKILL of it kills them too (they die with their parent:
-:func:`common.distributed.die_with_parent`). A worker that dies is restarted up to ``max_restarts``
-times and resumes from the last verified checkpoint; a worker whose peer hangs gives up after
-``collective_timeout_s``.
+that a running launch holds (:mod:`common.runlock`), and a run folder that cannot be written. The
+process then runs torchrun's own ``main`` (what the ``torchrun`` script runs, with torch imported
+already: a smoke launch took 23.5 s against 24.4 s through a fresh ``torchrun``), so Ctrl-C and
+DVC's signals reach torchrun, which stops its workers; a SIGKILL of it kills them too (they die
+with their parent: :func:`common.distributed.die_with_parent`). A worker that dies is restarted up
+to ``max_restarts`` times and resumes from the last verified checkpoint; a worker whose peer hangs
+gives up after ``collective_timeout_s``. An error that a restart cannot fix (non-finite values, no
+intact checkpoint, a full or read-only disk, bad options) is not retried: the launch ends at once,
+its last line naming the rank and the cause (:mod:`pipelines.failures`, :func:`run_attempts`).
 
 Over a slow network (needs root and iproute2; see :mod:`common.netem`)::
 
@@ -49,12 +51,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 
 from common import netem
 from common.data import load_dataset
 from common.distributed import LAUNCHER_PID_ENV, RESTART_SAFE_ENV
+from common.fileio import WriteError, check_writable
 from common.runlock import lock_run_folders
-from pipelines.common import INPUTS_ENV, quiet_environment
+from pipelines import failures
+from pipelines.common import INPUTS_ENV, artifacts_for, quiet_environment
 from pipelines.train import (
     OUT_DIR_ENV,
     RUN_NAME_ENV,
@@ -89,6 +94,41 @@ def run_torchrun(args: list[str]) -> None:
     from torch.distributed.run import main as torchrun_main
 
     torchrun_main(args)
+
+
+def run_attempts(args: list[str], max_restarts: int, failures_dir: str | os.PathLike[str]) -> int:
+    """Run ``torchrun ARGS`` (without restarts of its own) up to ``max_restarts`` + 1 times; return
+    0 once an attempt succeeds, else 1 after printing, last and once, the rank and the cause.
+
+    After a failed attempt the ranks' records in ``failures_dir`` and their exit codes decide
+    (:func:`pipelines.failures.verdict`): an error that a restart cannot fix (non-finite values,
+    no intact checkpoint, a full or read-only disk, bad options) ends the launch at once; any other
+    starts every rank again, resuming from the last verified checkpoint. torchrun's own restarts
+    could not tell the two apart, and its failure block (``error_file: <N/A>``) named neither."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    attempts = max_restarts + 1
+    line = ""
+    for attempt in range(1, attempts + 1):
+        failures.clear_records(failures_dir)
+        try:
+            run_torchrun(args)
+            return 0
+        except ChildFailedError as error:
+            exits = {rank: failure.exitcode for rank, failure in error.failures.items()}
+            retry, line = failures.verdict(failures.read_records(failures_dir), exits)
+        sys.stdout.flush()
+        if not retry:
+            print(f"error: {line}. Not restarted: a restart would fail the same way", file=sys.stderr)
+            return 1
+        if attempt < attempts:
+            print(
+                f"launch: attempt {attempt} of {attempts} failed ({line}); restarting every rank "
+                "from the last checkpoint",
+                file=sys.stderr,
+            )
+    print(f"error: {line} (in each of {attempts} attempts: max_restarts is {max_restarts})", file=sys.stderr)
+    return 1
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -184,22 +224,37 @@ def main(argv: list[str] | None = None) -> None:
         load_dataset(config.dataset, "test", limit=1, seq_len=config.seq_len)
         if not args.out:  # a hand run: never into results/ (DVC stages name their folder)
             print(f"no --out: writing under {repeats[0][2]} (git-ignored scratch)", file=sys.stderr)
+        for _, _, directory, _ in repeats:  # a read-only folder fails here, not at the first checkpoint
+            for folder in dict.fromkeys((directory, str(artifacts_for(directory)))):
+                check_writable(folder, "run folder")
         # Held until this process (torchrun's agent after the checks) exits: a second launch on any of
         # these folders fails here, naming this one's pid.
         lock_run_folders(directory for _, _, directory, _ in repeats)
-    except ValueError as error:  # DataError and RunFolderBusy are ValueErrors
+    except (ValueError, WriteError) as error:  # DataError and RunFolderBusy are ValueErrors
         raise SystemExit(f"error: {error}") from None
     os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # the workers' parent: they die with it
     for key, value in RESTART_SAFE_ENV.items():
         os.environ.setdefault(key, value)
     if args.run_name:
         os.environ[RUN_NAME_ENV] = args.run_name
+    # the ranks record their failures here (pipelines.failures); removed on every exit but SIGKILL
+    with tempfile.TemporaryDirectory(prefix="thinwire-failures-") as failures_dir:
+        os.environ[failures.FAILURES_ENV] = failures_dir
+        # torchrun's own record of the first failure (it copies the rank's): quietly, in there too
+        os.environ["TORCHELASTIC_ERROR_FILE"] = os.path.join(failures_dir, "launcher-error.json")
+        code = _start(args, config.world_size, config.max_restarts, failures_dir)
+    if code:
+        raise SystemExit(code)
+
+
+def _start(args: argparse.Namespace, world_size: int, max_restarts: int, failures_dir: str) -> int:
+    """Start the ranks as the flags say; the launch's exit code."""
     if args.hosts is not None:
         try:
             netem.check_support()
         except netem.NetemError as error:
             raise SystemExit(f"error: {error}") from None
-        raise SystemExit(run_cluster(args, config.max_restarts))
+        return _reported(run_cluster(args, max_restarts), failures_dir)
     if args.net_bandwidth is not None:
         try:
             netem.check_support()
@@ -208,9 +263,20 @@ def main(argv: list[str] | None = None) -> None:
                 raise SystemExit(f"error: {error}") from None
             print(f"warning: {error}\nwarning: running UNSHAPED (--allow-unshaped)", file=sys.stderr)
         else:
-            raise SystemExit(run_shaped(args, config.world_size, config.max_restarts))
+            return _reported(run_shaped(args, world_size, max_restarts), failures_dir)
     sys.stdout.flush()
-    run_torchrun(torchrun_args(args.pipeline, args.run, args.scale, config.world_size, config.max_restarts))
+    return run_attempts(
+        torchrun_args(args.pipeline, args.run, args.scale, world_size, 0), max_restarts, failures_dir
+    )
+
+
+def _reported(code: int, failures_dir: str) -> int:
+    """An emulated network's exit ``code``, with the last attempt's rank and cause printed last
+    (its own restart loop, :mod:`common.netem`, retries every failure)."""
+    if code:
+        _, line = failures.verdict(failures.read_records(failures_dir), {})
+        print(f"error: {line}", file=sys.stderr)
+    return code
 
 
 def run_shaped(args: argparse.Namespace, world_size: int, max_restarts: int) -> int:

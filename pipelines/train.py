@@ -32,6 +32,7 @@ from pipelines.common import (
     scratch_dir,
     setup_logging,
 )
+from pipelines.failures import recorded
 
 OUT_DIR_ENV = "THINWIRE_OUT_DIR"
 RUN_NAME_ENV = "THINWIRE_RUN_NAME"
@@ -163,6 +164,13 @@ def main(argv: list[str] | None = None) -> None:
     quiet_environment()
     rank = int(os.environ.get("RANK", "0"))
     setup_logging(rank)
+    # an error a restart cannot fix (NaN, no intact checkpoint, a full or read-only disk, bad
+    # options) is recorded for the launcher and exits with EXIT_NO_RETRY: it is not retried
+    with recorded(rank):
+        _run(args, rank)
+
+
+def _run(args: argparse.Namespace, rank: int) -> None:
     scale = args.scale or load_params(args.pipeline)["scale"]
     repeats = plan_repeats(args.pipeline, args.run, args.scale)
     ctx = init_from_env(timeout_s=max(c.collective_timeout_s for _, c, _, _ in repeats))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from pathlib import Path
 
 import pytest
@@ -73,6 +74,49 @@ def test_an_emptied_marker_is_named_and_the_folders_on_disk_are_verified(tmp_pat
     assert ckpt.resume_step() == 20
 
 
+def _list_in_marker(ckpt: Checkpointer, steps: list[int]) -> None:
+    marker = ckpt.dir / "latest.json"
+    marker.write_text(json.dumps({**json.loads(marker.read_text()), "step": steps[0], "steps": steps}))
+
+
+def test_a_marker_that_lists_a_missing_step_falls_back_to_the_intact_folders(tmp_path, caplog):
+    """latest.json lists only step 40, whose folder is gone: the newest intact folder on disk (30)
+    is resumed with a warning naming the marker, and the next save lists it again (issue 45)."""
+    ckpt = _saved(tmp_path)  # step-20 and step-30 on disk
+    _list_in_marker(ckpt, [40])
+    with caplog.at_level(logging.WARNING):
+        assert ckpt.resume_step() == 30
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("step-00000040/rank0.pt is missing" in w for w in warnings), warnings
+    assert warnings[-1] == (
+        f"no step that {ckpt.dir / 'latest.json'} lists ([40]) is intact on every rank; all ranks resume "
+        "from step 30, the newest step folder on disk intact on every rank"
+    )
+    assert ckpt.load(30)["w"][0] == 30.0
+    ckpt.save(35, {"step": 35})  # keeps the folder it resumed from; the missing step is not listed
+    assert json.loads((ckpt.dir / "latest.json").read_text())["steps"] == [35, 30]
+    assert sorted(p.name for p in ckpt.dir.glob("step-*")) == ["step-00000030", "step-00000035"]
+
+
+def test_a_marker_that_lists_only_damaged_steps_falls_back_to_an_unlisted_folder(tmp_path):
+    ckpt = _saved(tmp_path, keep=3)  # 10, 20, 30 on disk
+    _list_in_marker(ckpt, [30, 20])
+    _flip_one_bit(ckpt.dir / "step-00000030" / "rank0.pt")
+    (ckpt.dir / "step-00000020" / "rank0.sha256").unlink()
+    assert ckpt.resume_step() == 10
+
+
+def test_a_marker_that_lists_a_missing_step_with_nothing_on_disk_says_so(tmp_path):
+    ckpt = _saved(tmp_path)
+    for step in (20, 30):
+        shutil.rmtree(ckpt.dir / f"step-{step:08d}")
+    _list_in_marker(ckpt, [40])
+    with pytest.raises(CheckpointError) as error:
+        ckpt.resume_step()
+    assert "rank 0: latest.json lists [40], step folders on disk [], none intact" in str(error.value)
+    assert "Move that folder away" in str(error.value)
+
+
 def test_no_intact_checkpoint_stops_with_an_error_instead_of_training_on(tmp_path):
     ckpt = _saved(tmp_path)
     for step in (20, 30):
@@ -120,4 +164,7 @@ def test_ranks_agree_on_the_newest_step_intact_on_every_rank(tmp_path):
     (a0, b0), (a1, b1) = run_ranks(_two_cases, 2, str(tmp_path), tmp_path=tmp_path)
     assert a0 == a1 == 8
     assert b0 == b1
-    assert "rank 0: steps [16, 8] on disk, [8] intact; rank 1: steps [16, 8] on disk, [16] intact" in b0
+    assert (
+        "rank 0: latest.json lists [16, 8], step folders on disk [16, 8], [8] intact; "
+        "rank 1: latest.json lists [16, 8], step folders on disk [16, 8], [16] intact"
+    ) in b0

@@ -53,6 +53,9 @@ def test_defaults_are_valid_and_fingerprint_ignores_logging_knobs():
         ({"label_smoothing": 1.0}, r"label_smoothing must be a number in \[0, 1\), got 1.0"),
         ({"lr_end_factor": 2}, r"lr_end_factor must be a number in \[0, 1\], got 2"),
         ({"grad_clip_norm": 0}, "grad_clip_norm must be a number > 0 or null, got 0"),
+        # a timeout shorter than one busy collective would kill healthy runs (issue 45)
+        ({"collective_timeout_s": 0.001}, "collective_timeout_s must be a number >= 1, got 0.001"),
+        ({"collective_timeout_s": 0}, "collective_timeout_s must be a number >= 1, got 0"),
         ({"precision": "fp8"}, "unknown precision 'fp8'; valid: fp32, bf16"),
         ({"channels_last": 1}, "channels_last must be true or false, got 1"),
         ({"optimizer": "lamb"}, "unknown optimizer 'lamb'; valid: sgd, adamw"),

@@ -1,4 +1,5 @@
-"""A launch owns its run folder and its processes (issue 18's faults, with real signals).
+"""A launch owns its run folder and its processes (issue 18's faults, with real signals), and
+retries only what a restart can fix (issue 45).
 
 One launch holds the folder's lock from before any worker starts; a second launch on it fails at
 once naming the first's pid. SIGKILL of the first launch's process group (what a killed DVC stage
@@ -11,6 +12,7 @@ kill: the run can be short (240 steps) and is still killed mid-run on any machin
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,8 +22,12 @@ from pathlib import Path
 import yaml
 
 from common.paths import REPO_ROOT
+from pipelines.failures import EXIT_NO_RETRY
+from tests.helpers import faulty_stage
 from tests.helpers.mlflow_store import fresh_store
+from tests.helpers.mounts import read_only_folder, tmpfs
 from tests.helpers.processes import run_group
+from tests.helpers.refusal import launch_refusal
 from tests.helpers.train_once import CONFIG
 
 
@@ -58,6 +64,7 @@ def test_a_launch_owns_its_folder_and_its_workers_die_with_it(tmp_path):
         **os.environ,
         "PYTHONPATH": str(REPO_ROOT),
         "MLFLOW_TRACKING_URI": fresh_store(tmp_path),
+        "TMPDIR": str(tmp_path),  # what the SIGKILLed launch leaves in its temporary folder stays here
     }
     command = [sys.executable, "-m", "pipelines.launch", str(pipeline), "r", "--out", str(out)]
     log = (tmp_path / "first.log").open("w")
@@ -95,3 +102,68 @@ def test_a_launch_owns_its_folder_and_its_workers_die_with_it(tmp_path):
         for pid in workers:  # by their own pids, whatever happened above
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_a_nan_is_not_retried_and_the_last_line_names_the_rank_and_the_cause(tmp_path):
+    """With 3 restarts left: rank 1 SIGKILLed at step 1 is restarted (a restart fixes that); the
+    loss going NaN in the second attempt ends the launch at once, its last line naming the rank
+    and the cause, not torchrun's failure block."""
+    pipeline = tmp_path / "faulty"
+    pipeline.mkdir()
+    (pipeline / "params.yaml").write_text(yaml.safe_dump({"scale": "t", "runs_module": faulty_stage.__name__, "runs": {"r": {}}}))  # fmt: skip
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    command = [sys.executable, "-m", "pipelines.launch", str(pipeline), "r", "--out", str(out)]
+    result = run_group(command, timeout=400, env=env)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert (out / "killed-once").exists()  # the first attempt was the killed one
+    attempts = [line for line in lines if line.startswith("launch: attempt")]
+    assert len(attempts) == 1, attempts  # one restart, after the kill; none after the NaN
+    assert attempts[0].startswith(f"launch: attempt 1 of {faulty_stage.MAX_RESTARTS + 1} failed ("), attempts
+    assert "rank 1 was killed by SIGKILL" in attempts[0]
+    assert re.fullmatch(
+        r"error: rank [01] failed with non-finite values \(NaN or inf\): FloatingPointError: training loss "
+        r"became (nan|inf|-inf) at step \d+: lower lr\. Not restarted: a restart would fail the same way",
+        lines[-1],
+    ), lines[-5:]
+    assert sum(line.startswith("error:") for line in lines) == 1
+    assert "error_file: <N/A>" not in result.stderr and "ChildFailedError" not in result.stderr
+    assert f"exitcode: {EXIT_NO_RETRY}" in result.stderr  # the workers' exit code for it
+
+
+def test_a_full_disk_is_not_retried_and_the_last_line_names_the_file(tmp_path):
+    """The run folder is a real 256 KiB tmpfs: the first checkpoint (step 8) does not fit. The
+    launch fails once (max_restarts 2), its last line naming the rank, the file and ENOSPC."""
+    pipeline = tmp_path / "own"
+    pipeline.mkdir()
+    defaults = {**CONFIG, "max_restarts": 2}
+    (pipeline / "params.yaml").write_text(yaml.safe_dump({"scale": "t", "scales": {"t": {}}, "defaults": defaults, "runs": {"r": {}}}))  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "MLFLOW_TRACKING_URI": fresh_store(tmp_path)}
+    with tmpfs(tmp_path / "disk", size="256k") as disk:
+        command = [sys.executable, "-m", "pipelines.launch", str(pipeline), "r", "--out", str(disk / "run")]
+        result = run_group(command, timeout=300, env=env)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert not [line for line in lines if line.startswith("launch: attempt")]
+    assert re.fullmatch(
+        rf"error: rank [01] failed with a full disk: WriteError: cannot write {re.escape(str(disk))}/run/ckpt/\w+/"
+        r"step-00000008/rank[01]\.pt: No space left on device \(.* free on the filesystem of .*\): free "
+        r"some space there.*\. Checkpoint step 8 is not written; any before it in .* are intact and a "
+        r"rerun resumes from the newest\. Not restarted: a restart would fail the same way",
+        lines[-1],
+    ), lines[-3:]
+
+
+def test_a_read_only_run_folder_is_refused_before_any_worker_starts(tmp_path, monkeypatch):
+    pipeline = tmp_path / "own"
+    pipeline.mkdir()
+    (pipeline / "params.yaml").write_text(yaml.safe_dump({"scale": "t", "scales": {"t": {}}, "defaults": CONFIG, "runs": {"r": {}}}))  # fmt: skip
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # main() exports settings for its workers
+    with read_only_folder(tmp_path / "ro") as folder:
+        message = launch_refusal(monkeypatch, [str(pipeline), "r", "--out", str(folder / "run")])
+    assert message.startswith(f"error: cannot write {folder / 'run'}: "), message
+    assert message.endswith(
+        f": the run folder {folder} (where {folder / 'run'} would be created) is not writable; make it "
+        "writable, or write elsewhere"
+    ), message
