@@ -18,6 +18,7 @@ from ..comm.collectives import get_world_size
 from ..config import RunConfig
 from ..data import Dataset
 from ..distributed import DistContext, barrier, init_from_env, is_collective_timeout, seed_everything
+from ..fileio import check_writable
 from ..loss_scale import LossScaler
 from ..paths import REPO_ROOT
 from ..strategies import SyncStrategy
@@ -71,6 +72,8 @@ def train(
         )
     out_dir = Path(out_dir)
     artifacts = Path(artifacts_dir) if artifacts_dir is not None else out_dir
+    if ctx.rank == 0:  # a read-only output folder fails now, naming it, not at the run's end
+        check_writable(out_dir, "output folder")
     precision = compute_precision(config, ctx.device)
     loop = build_loop(config, ctx, strategy, data, precision, artifacts_dir=artifacts)
     state = RunState(ctx.device)
