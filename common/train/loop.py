@@ -133,6 +133,8 @@ def _train_step(
             plan.model, x, y, plan.loss_fn if scaler is None else scaler.scaled(plan.loss_fn)
         )
     finite = True
+    if scaler is None:  # (fp16: a non-finite gradient skips the step, below)
+        _check_gradients(plan, state)
     if scaler is not None:  # fp16: true gradients before anything is clipped or sent; all ranks agree
         loss = loss / scaler.scale
         finite = scaler.unscale_(plan.trainable, ctx.device)
@@ -153,6 +155,16 @@ def _train_step(
     state.elapsed += step_seconds
     state.step_times.stop(strategy.stats, step_seconds)
     return loss
+
+
+def _check_gradients(plan: StepPlan, state: RunState) -> None:
+    """Remember the first NaN or inf gradient (this rank's own, or the mean a DDP hook already
+    wrote) and which tensor, on the device; the next log step stops every rank, naming it."""
+    named = [
+        (n, p.grad) for n, p in zip(plan.trainable_names, plan.trainable, strict=True) if p.grad is not None
+    ]
+    if named:
+        state.add_gradient_check([n for n, _ in named], [g for _, g in named])
 
 
 def _after_step(loop: Loop, state: RunState, tracker: Tracker, epoch: int, loss: Tensor) -> StepInfo:
@@ -176,11 +188,17 @@ def _after_step(loop: Loop, state: RunState, tracker: Tracker, epoch: int, loss:
 
 def _log_step(plan: StepPlan, state: RunState, tracker: Tracker, epoch: int) -> dict[str, float]:
     """The training curve's row: the mean loss over ranks since the last log, lr, bits, seconds."""
-    window = torch.stack([state.window_loss, state.window_loss.new_tensor(float(state.window_steps))])
+    window = torch.stack(
+        [state.window_loss, state.window_loss.new_tensor(float(state.window_steps)), state.any_bad()]
+    )
     if plan.ctx.world_size > 1:
         dist.all_reduce(window)  # instrumentation: not counted in CommStats
     state.settle()  # after the all-reduce: a rank that raises here does not leave the others waiting
     mean_loss = float(window[0] / window[1])
+    if float(window[2]) > 0:
+        raise FloatingPointError(
+            f"a gradient or the training loss became NaN or inf on another rank by step {state.step}"
+        )
     if not math.isfinite(mean_loss):
         raise FloatingPointError(
             f"training loss became {mean_loss} on another rank by step {state.step}: lower lr"

@@ -29,6 +29,7 @@ class StepPlan:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     trainable: list[nn.Parameter]  # what local gradient clipping clips
+    trainable_names: list[str]  # their names (a non-finite gradient's error names it)
     loss_fn: LossFn  # the training loss (label smoothing included)
     autocast: AutocastFactory  # the compute precision of a forward and its backward
     augment: Callable[[Tensor, int], Tensor] | None  # (images, step) -> augmented; None: not augmented

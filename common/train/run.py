@@ -186,6 +186,7 @@ def _step_plan(
     steps_per_epoch: int,
 ) -> StepPlan:
     """What each step applies: the components, the training loss, the lr schedule and the recipe."""
+    trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     return StepPlan(
         ctx=ctx,
         train_set=train_set,
@@ -195,7 +196,8 @@ def _step_plan(
         scheduler=torch.optim.lr_scheduler.LambdaLR(
             optimizer, lr_schedule(config, total_steps, steps_per_epoch)
         ),
-        trainable=[p for p in model.parameters() if p.requires_grad],
+        trainable=[p for _, p in trainable],
+        trainable_names=[n for n, _ in trainable],
         loss_fn=cross_entropy_loss(train_set.info.kind, config.label_smoothing),
         autocast=autocast_factory(precision, ctx.device),
         augment=augmenter(config, ctx.rank),

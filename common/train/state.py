@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..finite import NonFiniteGradient
 from ..step_time import StepTimes
 from .plan import StepPlan
 
@@ -34,12 +35,19 @@ class RunState:
     window_loss: Tensor = field(init=False)
     first_bad_step: Tensor = field(init=False)
     first_bad_loss: Tensor = field(init=False)
+    # The first step with a gradient that was not finite (0: none) and that tensor's position among
+    # the step's gradients (trainable parameters that had one: ``grad_names``), on the device.
+    first_bad_grad_step: Tensor = field(init=False)
+    first_bad_grad_index: Tensor = field(init=False)
+    grad_names: list[str] = field(default_factory=list)
     step_times: StepTimes = field(init=False)  # feeds non_comm, resolved with the window
 
     def __post_init__(self, device: torch.device) -> None:
         self.window_loss = torch.zeros((), dtype=torch.float64, device=device)
         self.first_bad_step = torch.zeros((), dtype=torch.int64, device=device)
         self.first_bad_loss = torch.zeros((), dtype=torch.float64, device=device)
+        self.first_bad_grad_step = torch.zeros((), dtype=torch.int64, device=device)
+        self.first_bad_grad_index = torch.zeros((), dtype=torch.int64, device=device)
         self.step_times = StepTimes(device)
 
     def add_to_window(self, loss: Tensor) -> None:
@@ -52,9 +60,31 @@ class RunState:
         self.first_bad_step = torch.where(first_bad, self.step, self.first_bad_step)
         self.first_bad_loss = torch.where(first_bad, loss, self.first_bad_loss)
 
+    def add_gradient_check(self, names: list[str], grads: list[Tensor]) -> None:
+        """Where a gradient of this step is the first that is not finite, remember the step and
+        which tensor: on the device (one ``_foreach_norm``: a NaN or inf propagates into a norm)."""
+        bad = torch.stack(torch._foreach_norm(grads)).isfinite().logical_not_()
+        first = bad.any().logical_and_(self.first_bad_grad_step == 0)
+        self.first_bad_grad_step = torch.where(first, self.step + 1, self.first_bad_grad_step)
+        self.first_bad_grad_index = torch.where(first, bad.to(torch.int8).argmax(), self.first_bad_grad_index)
+        self.grad_names = names
+
+    def any_bad(self) -> Tensor:
+        """1.0 where this rank saw a gradient or a loss that was not finite (summed over ranks at
+        a log step, so that every rank stops together)."""
+        return ((self.first_bad_grad_step > 0) | (self.first_bad_step > 0)).to(self.window_loss.dtype)
+
     def settle(self) -> None:
-        """Read what the steps left on the device: FloatingPointError naming the first step whose
-        loss was not finite (before anything is logged or checkpointed as good), then the steps' times."""
+        """Read what the steps left on the device: NonFiniteGradient naming the first step and
+        tensor whose gradient was not finite, FloatingPointError naming the first step whose loss was
+        not finite (before anything is logged or checkpointed as good), then the steps' times."""
+        bad_grad = int(self.first_bad_grad_step)
+        if bad_grad:
+            name = self.grad_names[int(self.first_bad_grad_index)]
+            raise NonFiniteGradient(
+                f"gradient of {name} is not finite at step {bad_grad}: lower lr, clip gradients "
+                f"(grad_clip_norm), or look for a NaN or inf in the data or the loss"
+            )
         bad_step = int(self.first_bad_step)
         if bad_step:
             raise FloatingPointError(

@@ -1,0 +1,60 @@
+"""A NaN or inf gradient stops the run, naming the tensor, without a host read on a GPU.
+
+A check is one device flag: finite(flag) over the tensors (``torch._foreach_norm``, or one sum of a
+flat bucket: a NaN or inf propagates into either), handed to ``torch._assert_async``. On a CPU
+the assertion is a plain check, and the error path (only) looks at the tensors to name the first
+one that is not finite; on a GPU nothing waits: the device raises at its next synchronisation,
+with the message written here (the tensors' names known on the host), as torchtitan's checks do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+
+class NonFiniteGradient(FloatingPointError):
+    """A gradient held a NaN or inf (a restart would fail the same way: not retried)."""
+
+
+def all_finite(tensors: Sequence[Tensor]) -> Tensor:
+    """A 0-dim bool tensor on the tensors' device: every entry of every tensor is finite."""
+    norms = torch._foreach_norm(list(tensors))
+    return torch.stack(norms).isfinite().all()
+
+
+def flat_finite(flat: Tensor) -> Tensor:
+    """``all_finite([flat])`` in one pass: the fp32 sum of a bucket is not finite exactly when an
+    entry is not (an fp32 sum of gradients does not overflow)."""
+    return flat.sum(dtype=torch.float32).isfinite()
+
+
+def assert_finite(flag: Tensor, names: Sequence[str], tensors: Sequence[Tensor], where: str) -> None:
+    """Stop with :class:`NonFiniteGradient` unless ``flag`` (from :func:`all_finite`) is true.
+
+    ``where`` says when (e.g. "at step 12"). On a GPU the assertion is asynchronous and names
+    the tensors the flag covers; on a CPU the error names the first tensor that is not finite."""
+    if flag.device.type != "cpu":
+        shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+        torch._assert_async(flag, f"non-finite gradient {where} in one of: {shown}")
+        return
+    try:
+        torch._assert_async(flag)
+    except RuntimeError:
+        raise NonFiniteGradient(describe(names, tensors, where)) from None
+
+
+def describe(names: Sequence[str], tensors: Sequence[Tensor], where: str) -> str:
+    """What is not finite, read on the host (the error path only)."""
+    for name, tensor in zip(names, tensors, strict=True):
+        bad = ~torch.isfinite(tensor.detach())
+        if bad.any():
+            first = tensor.detach().reshape(-1)[bad.reshape(-1)][0].item()
+            return (
+                f"gradient of {name} is not finite {where}: {int(bad.sum())} of {tensor.numel()} entries "
+                f"(the first is {first}); lower lr, clip gradients (grad_clip_norm), or look for a NaN "
+                f"or inf in the data or the loss"
+            )
+    return f"a gradient is not finite {where} (among {', '.join(names)})"
