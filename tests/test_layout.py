@@ -144,6 +144,6 @@ def _circles(folder: str) -> list[list[str]]:
 
 def test_gradient_syncs_routes_import_no_circle():
     """GradientSync imports its routes and the routes import only what is below them
-    (common/comm/route.py), never sync.py: no circle in common/comm. (The config -> methods ->
+    (common/comm/routes/base.py), never sync.py: no circle in common/comm. (The config -> methods ->
     strategies -> options -> config circle of common/ is the layout issue's; this finder sees it.)"""
     assert _circles("common/comm") == []
