@@ -147,3 +147,9 @@ def test_gradient_syncs_routes_import_no_circle():
     (common/comm/routes/base.py), never sync.py: no circle in common/comm. (The config -> methods ->
     strategies -> options -> config circle of common/ is the layout issue's; this finder sees it.)"""
     assert _circles("common/comm") == []
+
+
+def test_gradient_syncs_routes_never_import_sync():
+    """Each route (common/comm/routes/) sees GradientSync only through the RouteHost protocol."""
+    for path in sorted((REPO_ROOT / "common/comm/routes").glob("*.py")):
+        assert "common.comm.sync" not in _module_imports(path, REPO_ROOT), path
