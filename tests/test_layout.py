@@ -144,7 +144,7 @@ def _circles(folder: str) -> list[list[str]]:
 
 def test_gradient_syncs_routes_import_no_circle():
     """GradientSync imports its routes and the routes import only what is below them
-    (common/comm/route.py), never sync.py: no circle in common/comm."""
+    (common/comm/routes/base.py), never sync.py: no circle in common/comm."""
     assert _circles("common/comm") == []
 
 
@@ -162,3 +162,9 @@ def test_config_and_options_import_nothing_above_them():
         assert imported <= {"common.checks", "common.registry"}, (
             f"common/{name}.py imports {sorted(imported)}"
         )
+
+
+def test_gradient_syncs_routes_never_import_sync():
+    """Each route (common/comm/routes/) sees GradientSync only through the RouteHost protocol."""
+    for path in sorted((REPO_ROOT / "common/comm/routes").glob("*.py")):
+        assert "common.comm.sync" not in _module_imports(path, REPO_ROOT), path

@@ -121,7 +121,7 @@ class Needs:
     one dense fp32 all-reduce beside the codes.
     ``low_rank``: two rounds with an orthogonalization between them and state kept per tensor
     (PowerSGD's P then Q, its warm-started Q): GradientSync's low-rank route
-    (:mod:`common.comm.low_rank`) runs the method, the compressor gives its arithmetic.
+    (:mod:`common.comm.routes.low_rank`) runs the method, the compressor gives its arithmetic.
     """
 
     scaler_round: str | None = None

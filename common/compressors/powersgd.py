@@ -13,7 +13,7 @@ Two all-reduces of ``(n + m) r`` fp32 entries instead of ``n m``. A tensor is co
 ``(n + m) r * min_compression_rate < n m`` (PyTorch's rule); the others (biases, norms, small
 layers) are averaged uncompressed in the first all-reduce, beside the P's. The distributed
 algorithm, with its warm-started Q per parameter, is GradientSync's route for this compressor
-(``needs.low_rank``: :mod:`common.comm.low_rank`); this class holds the arithmetic and is, on its own,
+(``needs.low_rank``: :mod:`common.comm.routes.low_rank`); this class holds the arithmetic and is, on its own,
 the single-worker compressor (one power iteration from a Q drawn from the shared generator).
 
 Biased, not linear (``P`` must be orthogonalized between the two rounds, so payloads cannot be
@@ -52,7 +52,7 @@ def orthogonalize_(matrix: Tensor, epsilon: float = 0.0) -> Tensor:
     Gram-Schmidt for r <= 2, QR beyond (PyTorch's ``_orthogonalize``: the same Gram-Schmidt over the
     batch, so rank 1 and 2 agree with its hook to the last bit). The launches depend on r, not on b.
     A matrix's Gram-Schmidt does not depend on the batch it is in; its QR may, in the last bits
-    (LAPACK on CPU: its place in the batch, :mod:`common.comm.low_rank`). ``epsilon`` is added to
+    (LAPACK on CPU: its place in the batch, :mod:`common.comm.routes.low_rank`). ``epsilon`` is added to
     each column's norm (a zero column stays zero instead of NaN)."""
     batch = matrix if matrix.dim() == 3 else matrix.unsqueeze(0)
     rank = batch.shape[2]

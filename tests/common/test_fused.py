@@ -1,4 +1,4 @@
-"""The fused route (common.comm.fused): a bucket in a fixed number of ops, no host read, each
+"""The fused route (common.comm.routes.fused): a bucket in a fixed number of ops, no host read, each
 tensor's own semantics.
 
 What a GPU step would pay is counted here on CPU tensors: every ATen op dispatched (a launch on a
@@ -372,7 +372,7 @@ def test_error_feedback_conserves_exactly_on_the_fused_route(name, options, ef):
         compensated = grad + residual
         sync.reduce_flat(names, grad.clone(), sizes)
         after = torch.cat([sync.error_feedback.residuals[n] for n in names])
-        segments = sync._fused.layout(names, grad, sizes)
+        segments = sync.route.fused.layout(names, grad, sizes)
         assert segments is not None
         buffer, _ = sync.error_feedback._flat[tuple(names)]
         assert buffer.data_ptr() == sync.error_feedback.residuals[names[0]].data_ptr()

@@ -130,7 +130,7 @@ def test_a_batch_gives_each_matrix_what_it_gets_alone(rank):
     """5 same-shape tensors in one bucket (one batch) and each in a bucket of its own: the same
     means, residuals and warm starts, to the last bit at rank 2. At rank 1 and 3 only closely: on
     CPU, M Q of a matrix alone is a matrix-vector product, in a batch a batched gemm, and LAPACK's
-    QR depends on a matrix's place in the batch (common/comm/low_rank.py; PyTorch's batched hook
+    QR depends on a matrix's place in the batch (common/comm/routes/low_rank.py; PyTorch's batched hook
     differs from its per-tensor one in the same ways)."""
     shapes = [(24, 30), (24,)] * 5
     names, flat, sizes = _bucket(0, shapes)
@@ -159,7 +159,7 @@ def test_a_batch_gives_each_matrix_what_it_gets_alone(rank):
         alone.sync(copies)
         for (_, a), (_, b) in zip(named, copies, strict=True):
             same(a, b)
-    assert len(together.low_rank_layouts) == 1 and len(alone.low_rank_layouts) == 10
+    assert len(together.route.layouts) == 1 and len(alone.route.layouts) == 10
     for name in names[::2]:
         same(together.low_rank_q[name], alone.low_rank_q[name])
     residuals = together.error_feedback.state_dict()["residuals"]  # type: ignore[union-attr]
@@ -216,7 +216,7 @@ def _async_and_blocking(rank: int, world: int) -> dict:
             nn.functional.mse_loss(model(x), y).backward()
             out[key].append([p.grad.clone() for p in model.parameters()])
     out["stats"] = [(s.stats.bits_sent, dict(s.stats.calls), s.stats.dense_bits) for s in syncs]
-    out["layouts"] = len(syncs[0].low_rank_layouts)
+    out["layouts"] = len(syncs[0].route.layouts)
     return out
 
 

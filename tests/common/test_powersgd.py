@@ -259,7 +259,7 @@ def test_equals_pytorchs_powersgd_hook_from_the_same_state(tmp_path, approximati
     bmm, one Gram-Schmidt or QR over the batch), or its hook not batching them at rank 2. At rank
     1 and 3 its per-tensor hook differs from its batched one in the last bits for them (M Q alone
     is a matrix-vector product on CPU; LAPACK's QR depends on a matrix's place in the batch:
-    common/comm/low_rank.py), and so from ours. The uncompressed bias only closely: its residual
+    common/comm/routes/low_rank.py), and so from ours. The uncompressed bias only closely: its residual
     here is zero where the hook keeps ``local - mean``, whose feedback is the same mean up to
     rounding."""
     if not dist.is_available():

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from common.comm import GradientSync
+from common.comm.routes.base import code_route
 from common.compressors import CompressorRNG, build_compressor
 from tests.distributed import run_ranks
 
@@ -142,11 +143,11 @@ def test_unknown_fp32_layer_names_are_rejected(results):
 
 
 def test_auto_picks_the_cheaper_code_transport():
-    sync = _sync({})
-    assert sync._code_route(4) == "allgather"  # 6 bits/element against 12
-    assert sync._code_route(8) == "allgather"  # 14 against 14: all-gather on a tie
-    assert sync._code_route(16) == "allreduce"  # 30 against 15
-    assert _sync({"shared_scaler": False})._code_route(64) == "allgather"
+    compressor = _sync({}).compressor
+    assert code_route(compressor, 4) == "allgather"  # 6 bits/element against 12
+    assert code_route(compressor, 8) == "allgather"  # 14 against 14: all-gather on a tie
+    assert code_route(compressor, 16) == "allreduce"  # 30 against 15
+    assert code_route(_sync({"shared_scaler": False}).compressor, 64) == "allgather"
 
 
 @pytest.mark.parametrize(

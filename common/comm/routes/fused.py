@@ -1,12 +1,15 @@
-"""RouteHost's fused route: a bucket compressed in a fixed number of launches, no host read.
+"""The fused route: a bucket compressed in a fixed number of launches, no host read.
 
 Where the compressor :meth:`~common.compressors.base.Compressor.fuses` and the route is on (by
-default on CUDA tensors; ``RouteHost(fused=True)`` anywhere, ``False`` never), a bucket is one
+default on CUDA tensors; ``GradientSync(fused=True)`` anywhere, ``False`` never), a bucket is one
 unit whose tensors are the segments of :mod:`common.compressors.segments`: compensated in one
 pass (error feedback keeps one flat residual per bucket), compressed with each tensor's own
 semantics in one call, sent in one collective, decoded in one call. Per-tensor quantities (a
 scaler, a norm, a threshold, a block's offset, a count) stay tensors on the device; what the host
 needs (the payload sizes an all-gather exchanges) follows from the layout, never from the data.
+The plain route (:mod:`.plain`) sends such a bucket as one step (:meth:`FusedRoute.compress`,
+:meth:`FusedRoute.finish`); the scaled-codes route (:mod:`.scaled_codes`) hands it to
+:meth:`FusedRoute.reduce_scaled_async`.
 
 TernGrad's route (``needs.scaled_codes``) returns a chain of futures, as PyTorch's PowerSGD hook
 does: the max all-reduce of the scalers, then the codes' collective, then the decoding, each
@@ -22,10 +25,10 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.futures import Future
 
-from ..compressors.base import Payload
-from ..compressors.segments import SegmentDraws, Segments
-from .collectives import all_gather_variable_async, get_rank, get_world_size
-from .route import RouteHost, Step, code_route, fused_enabled
+from ...compressors.base import Payload
+from ...compressors.segments import SegmentDraws, Segments
+from ..collectives import all_gather_variable_async, get_rank, get_world_size
+from .base import RouteHost, Step, code_route, done, fused_enabled
 
 
 class FusedRoute:
@@ -101,14 +104,14 @@ class FusedRoute:
             own_S = compressor.scalers_segments(compensated, segments)
         draws = self.draws(segments)
         shared = compressor.needs.scaler_round == "max"
-        agreed = _all_reduce_async(own_S.clone(), dist.ReduceOp.MAX, sync) if shared else _done(own_S)
+        agreed = _all_reduce_async(own_S.clone(), dist.ReduceOp.MAX, sync) if shared else done(own_S)
         route = code_route(compressor, world)
         stats.routes[f"{compressor.name}-{'int8-allreduce' if route == 'allreduce' else 'allgather'}"] += len(
             segments
         )
 
-        def encode(done: Future[Tensor]) -> tuple[Tensor, Any]:
-            scalers_S = done.value()
+        def encode(scaler_round: Future[Tensor]) -> tuple[Tensor, Any]:
+            scalers_S = scaler_round.value()
             with stats.phase("compress", device):
                 payload = compressor.compress_segments(
                     compensated, segments, draws, scaler=scalers_S if shared else None, own=own_S
@@ -124,8 +127,8 @@ class FusedRoute:
             keys = list(payload.wire)
             return scalers_S, [payload.with_wire(dict(zip(keys, rank, strict=True))) for rank in gathered]
 
-        def decode(done: Future[tuple[Tensor, Any]]) -> Tensor:
-            scalers_S, received = done.value()
+        def decode(code_round: Future[tuple[Tensor, Any]]) -> Tensor:
+            scalers_S, received = code_round.value()
             with stats.phase("decompress", device):
                 if route == "allreduce":
                     total = compressor.decode_sum_segments(received, scalers_S, segments, flat)
@@ -139,17 +142,11 @@ class FusedRoute:
         return cast(Future[Tensor], agreed.then(encode).then(decode))
 
 
-def _done(value: Any) -> Future[Any]:
-    future: Future[Any] = Future()
-    future.set_result(value)
-    return future
-
-
 def _all_reduce_async(tensor: Tensor, op: Any, sync: RouteHost) -> Future[Tensor]:
     """An all-reduce in the background (counted in the stats), as a future of the tensor; at
     world size 1 nothing is sent and the future is done."""
     if get_world_size(sync.group) == 1:
-        return _done(tensor)
+        return done(tensor)
     work = dist.all_reduce(tensor, op=op, group=sync.group, async_op=True)
     assert work is not None
     sync.stats.add_call("all_reduce", tensor.numel() * tensor.element_size() * 8)

@@ -10,11 +10,11 @@ square, :func:`~common.compressors.powersgd.square_shape`)::
     round 2, one all-reduce: every Q;  Q /= W  (kept as the next step's warm start)
     mean = P Q^T (uncompressed units: sum / W);  residual = compensated - mean
 
-The rounds are chained futures (:func:`reduce_low_rank_async`), as in PyTorch's hook: round 1 is
+The rounds are chained futures (:meth:`LowRankRoute.reduce_async`), as in PyTorch's hook: round 1 is
 launched in the background; its completion orthogonalizes, computes the Q's and launches round 2;
 round 2's completion decompresses into the bucket and updates the residuals. A DDP hook returns
 that future, so both rounds overlap the rest of the backward pass. Every collective is launched
-from the caller's thread, in the same order on every rank (:func:`reduce_low_rank_async` says
+from the caller's thread, in the same order on every rank (:meth:`LowRankRoute.reduce_async` says
 what that costs on gloo).
 
 Launches per bucket depend on its number of distinct matrix shapes, not on its number of tensors.
@@ -63,9 +63,9 @@ import torch
 from torch import Tensor
 from torch.futures import Future
 
-from ..compressors.powersgd import PowerSGD, matrix_shape, orthogonalize_, square_shape
-from .collectives import all_reduce_sum_async, get_world_size
-from .route import RouteHost, fused_enabled
+from ...compressors.powersgd import PowerSGD, matrix_shape, orthogonalize_, square_shape
+from ..collectives import all_reduce_sum_async, get_world_size
+from .base import RouteHost, compression_units, fused_enabled
 
 #: A bucket layout's key: its tensors' names and sizes, and its device.
 LayoutKey = tuple[tuple[str, ...], tuple[int, ...], torch.device]
@@ -111,56 +111,61 @@ class BucketLayout:
         self.head = self.first[: sum(self.dense_numels)]
 
 
-def reduce_low_rank(sync: RouteHost, names: list[str], flat: Tensor, sizes: list[int]) -> Tensor:
-    """:func:`reduce_low_rank_async`, waited for."""
-    return reduce_low_rank_async(sync, names, flat, sizes).wait()
+class LowRankRoute:
+    """The low-rank route of one GradientSync (``host``) and its buckets' layouts."""
 
+    def __init__(self, host: RouteHost) -> None:
+        self.host = host
+        self.layouts: dict[LayoutKey, BucketLayout] = {}
 
-def reduce_low_rank_async(
-    sync: RouteHost, names: list[str], flat: Tensor, sizes: list[int]
-) -> Future[Tensor]:
-    """A future of the mean over ranks of ``flat`` (the tensors ``names`` of ``sizes``), written
-    into ``flat``; it updates the residuals and the warm-start Qs (module docstring). Completed at
-    once at world size 1. One reduction of a bucket at a time: its layout's buffers are reused.
+    def reduce(self, names: list[str], flat: Tensor, sizes: list[int]) -> Tensor:
+        """:meth:`reduce_async`, waited for."""
+        return self.reduce_async(names, flat, sizes).wait()
 
-    Round 2 is launched by round 1's callback, which must run on this thread, so that every rank
-    launches its collectives in the same order. NCCL completes a collective's future as soon as it
-    is enqueued (the callback's stream waits for the device, the host does not): the callback runs
-    here at once. Gloo completes it on a worker thread, where the launch would race with the next
-    bucket's launch from here and reach the ranks in different orders: there round 1 is waited
-    for first (round 2 and the decompression still run in the background).
-    """
-    compressor = cast(PowerSGD, sync.compressor)
-    stats, device = sync.stats, flat.device
-    layout = _layout(sync, compressor, names, flat, sizes)
-    ef = sync.error_feedback
-    with stats.phase("compress", device):
-        # An uncompressed unit is sent whole and keeps no residual: a bucket of them alone has
-        # nothing to compensate unless one was loaded (a checkpoint of PyTorch's hook).
-        compensate = ef is not None and (
-            bool(layout.groups) or any(name in ef.residuals for name in layout.dense_names)
-        )
-        compensated = ef.compensate(names, flat, sizes) if compensate and ef is not None else flat
-        parts = list(compensated.split(layout.numels)) if len(layout.numels) > 1 else [compensated]
-        _start_qs(sync, compressor, layout, device)
-        matrices = [_matrices(group, compensated, parts) for group in layout.groups]
-        for group, matrix in zip(layout.groups, matrices, strict=True):
-            torch.bmm(matrix, group.q, out=group.p)
-        if layout.dense:
-            torch.cat([parts[u] for u in layout.dense], out=layout.head)
-    stats.routes.update(layout.routes)
-    world = get_world_size(sync.group)
-    flight = _Flight(sync, compressor, layout, names, sizes, flat, compensated, matrices, world)
-    if world > 1:
-        stats.dense_bits += flat.numel() * 32
-    round_one = flight.launch(layout.first)
-    if not layout.groups:
-        return round_one.then(flight.finish_uncompressed)
-    if not round_one.done():
-        round_one.wait()  # gloo (docstring)
-    round_one.then(flight.send_qs).value()  # runs here and now (round 1 is complete); raises its error
-    assert flight.round_two is not None
-    return flight.round_two.then(flight.decompress)
+    def reduce_async(self, names: list[str], flat: Tensor, sizes: list[int]) -> Future[Tensor]:
+        """A future of the mean over ranks of ``flat`` (the tensors ``names`` of ``sizes``), written
+        into ``flat``; it updates the residuals and the warm-start Qs (module docstring). Completed
+        at once at world size 1. One reduction of a bucket at a time: its layout's buffers are reused.
+
+        Round 2 is launched by round 1's callback, which must run on this thread, so that every rank
+        launches its collectives in the same order. NCCL completes a collective's future as soon as
+        it is enqueued (the callback's stream waits for the device, the host does not): the callback
+        runs here at once. Gloo completes it on a worker thread, where the launch would race with the
+        next bucket's launch from here and reach the ranks in different orders: there round 1 is
+        waited for first (round 2 and the decompression still run in the background).
+        """
+        sync = self.host
+        compressor = cast(PowerSGD, sync.compressor)
+        stats, device = sync.stats, flat.device
+        layout = _layout(sync, self.layouts, compressor, names, flat, sizes)
+        ef = sync.error_feedback
+        with stats.phase("compress", device):
+            # An uncompressed unit is sent whole and keeps no residual: a bucket of them alone has
+            # nothing to compensate unless one was loaded (a checkpoint of PyTorch's hook).
+            compensate = ef is not None and (
+                bool(layout.groups) or any(name in ef.residuals for name in layout.dense_names)
+            )
+            compensated = ef.compensate(names, flat, sizes) if compensate and ef is not None else flat
+            parts = list(compensated.split(layout.numels)) if len(layout.numels) > 1 else [compensated]
+            _start_qs(sync, compressor, layout, device)
+            matrices = [_matrices(group, compensated, parts) for group in layout.groups]
+            for group, matrix in zip(layout.groups, matrices, strict=True):
+                torch.bmm(matrix, group.q, out=group.p)
+            if layout.dense:
+                torch.cat([parts[u] for u in layout.dense], out=layout.head)
+        stats.routes.update(layout.routes)
+        world = get_world_size(sync.group)
+        flight = _Flight(sync, compressor, layout, names, sizes, flat, compensated, matrices, world)
+        if world > 1:
+            stats.dense_bits += flat.numel() * 32
+        round_one = flight.launch(layout.first)
+        if not layout.groups:
+            return round_one.then(flight.finish_uncompressed)
+        if not round_one.done():
+            round_one.wait()  # gloo (docstring)
+        round_one.then(flight.send_qs).value()  # runs here and now (round 1 is complete); raises its error
+        assert flight.round_two is not None
+        return flight.round_two.then(flight.decompress)
 
 
 @dataclass
@@ -300,12 +305,16 @@ def _matrices(group: _Group, compensated: Tensor, parts: list[Tensor]) -> Tensor
 
 
 def _layout(
-    sync: RouteHost, compressor: PowerSGD, names: list[str], flat: Tensor, sizes: list[int]
+    sync: RouteHost,
+    layouts: dict[LayoutKey, BucketLayout],
+    compressor: PowerSGD,
+    names: list[str],
+    flat: Tensor,
+    sizes: list[int],
 ) -> BucketLayout:
     """The bucket's layout, built at its first reduction. A tensor is in one bucket at a time:
     a new layout drops those that share a name with it (DDP rebuilt its buckets)."""
     key: LayoutKey = (tuple(names), tuple(sizes), flat.device)
-    layouts = sync.low_rank_layouts
     layout = layouts.get(key)
     if layout is not None:
         return layout
@@ -318,7 +327,7 @@ def _layout(
 def _build_layout(
     sync: RouteHost, compressor: PowerSGD, names: list[str], flat: Tensor, sizes: list[int]
 ) -> BucketLayout:
-    units = [(unit_names, part.numel()) for unit_names, part, _ in sync._units(names, flat, sizes)]
+    units = [(unit, part.numel()) for unit, part, _ in compression_units(sync, names, flat, sizes)]
     # Same-shape units batched (one bmm per shape) on the fused route (CUDA by default), where a
     # launch costs more than the copy that stacks them; on a CPU one mm per unit, no copies
     # (ResNet-18 at rank 1: 174 ms batched against 48 ms per unit a reduction, one core).
