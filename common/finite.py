@@ -9,10 +9,30 @@ with the message written here (the tensors' names known on the host), as torchti
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor
+
+_CHECKED_BY_CALLER = [0]  # a count, not a thread-local: DDP's hooks may run on autograd's threads
+
+
+@contextmanager
+def checked_by_caller() -> Iterator[None]:
+    """Inside, a GradientSync does not stop at a non-finite bucket: its caller (the training loop)
+    records gradients itself and stops every rank together at its next log step, where a raise in
+    one rank's hook would leave the others waiting in the collective."""
+    _CHECKED_BY_CALLER[0] += 1
+    try:
+        yield
+    finally:
+        _CHECKED_BY_CALLER[0] -= 1
+
+
+def caller_checks() -> bool:
+    """Whether a :func:`checked_by_caller` block is open."""
+    return _CHECKED_BY_CALLER[0] > 0
 
 
 class NonFiniteGradient(FloatingPointError):
@@ -31,11 +51,14 @@ def flat_finite(flat: Tensor) -> Tensor:
     return flat.sum(dtype=torch.float32).isfinite()
 
 
-def assert_finite(flag: Tensor, names: Sequence[str], tensors: Sequence[Tensor], where: str) -> None:
+def assert_finite(
+    flag: Tensor, names: Sequence[str], tensors: Sequence[Tensor] | Callable[[], Sequence[Tensor]], where: str
+) -> None:
     """Stop with :class:`NonFiniteGradient` unless ``flag`` (from :func:`all_finite`) is true.
 
     ``where`` says when (e.g. "at step 12"). On a GPU the assertion is asynchronous and names
-    the tensors the flag covers; on a CPU the error names the first tensor that is not finite."""
+    the tensors the flag covers; on a CPU the error names the first tensor that is not finite
+    (``tensors`` may be a callable that makes them: called on the error path only)."""
     if flag.device.type != "cpu":
         shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
         torch._assert_async(flag, f"non-finite gradient {where} in one of: {shown}")
@@ -43,7 +66,7 @@ def assert_finite(flag: Tensor, names: Sequence[str], tensors: Sequence[Tensor],
     try:
         torch._assert_async(flag)
     except RuntimeError:
-        raise NonFiniteGradient(describe(names, tensors, where)) from None
+        raise NonFiniteGradient(describe(names, tensors() if callable(tensors) else tensors, where)) from None
 
 
 def describe(names: Sequence[str], tensors: Sequence[Tensor], where: str) -> str:

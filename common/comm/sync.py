@@ -20,6 +20,7 @@ from torch.futures import Future
 
 from ..compressors.base import Compressor, CompressorRNG
 from ..feedback import ErrorFeedback
+from ..finite import assert_finite, caller_checks, flat_finite
 from .collectives import ProcessGroup, get_rank
 from .hierarchy import HostHierarchy
 from .routes.base import Route, RouteHost
@@ -104,6 +105,8 @@ class GradientSync:
             ``None`` (default) on CUDA tensors, ``True`` on any device, ``False`` never.
         hierarchy: a :class:`~common.comm.hierarchy.HostHierarchy`: dense inside each host, the
             compressor between the hosts' leaders (whose group it is; pass no ``group`` then).
+        nonfinite_check: stop on a NaN or inf gradient, naming it (:meth:`check_finite`; one
+            sum per bucket); ``False`` lets them through, as torch's own hooks do.
 
     Results are averages (sum / world size) written back into the gradients in place.
     """
@@ -121,6 +124,7 @@ class GradientSync:
         stats: CommStats | None = None,
         hierarchy: HostHierarchy | None = None,
         fused: bool | None = None,
+        nonfinite_check: bool = True,
     ) -> None:
         _check_settings(compressor, transport, bucket_numel, fused, group, hierarchy)
         self.compressor = compressor
@@ -150,6 +154,7 @@ class GradientSync:
         #: The fused route (common.comm.routes.fused): None fuses buckets on CUDA, True anywhere,
         #: False never.
         self.fused = fused
+        self.nonfinite_check = nonfinite_check
         #: How every bucket crosses the wire (common.comm.routes), picked once.
         self.route: Route = pick_route(self, hierarchy)
 
@@ -251,7 +256,9 @@ class GradientSync:
         """Mean over ranks of ``flat``, the concatenation of the tensors ``names`` (of ``sizes``).
 
         The input may be overwritten (an all-reduce works in place) and may be the result.
+        A NaN or inf in it is an error naming the tensor (:meth:`check_finite`).
         """
+        self.check_finite(names, flat, sizes)
         return self.route.reduce(list(names), flat, list(sizes))
 
     def reduce_flat_async(self, names: Sequence[str], flat: Tensor, sizes: Sequence[int]) -> Future[Tensor]:
@@ -265,7 +272,20 @@ class GradientSync:
         complete at once. ``communicate`` seconds are then the time from launch to completion,
         overlap included.
         """
+        self.check_finite(names, flat, sizes)
         return self.route.reduce_async(list(names), flat, list(sizes))
+
+    def check_finite(self, names: Sequence[str], flat: Tensor, sizes: Sequence[int]) -> None:
+        """Stop on a NaN or inf gradient before it is compressed or sent (a sparsifier could keep
+        it in a residual, unseen): :class:`~common.finite.NonFiniteGradient` naming the tensor
+        on a CPU; on a GPU an asynchronous device assertion naming the bucket (no host read)."""
+        if self.nonfinite_check and not caller_checks():
+            assert_finite(
+                flat_finite(flat),
+                list(names),
+                lambda: flat.split(list(sizes)),
+                f"in a reduction ({self.stats.steps} sync steps counted)",
+            )
 
     # -- checkpointing ----------------------------------------------------------------------------
 

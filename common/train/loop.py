@@ -17,6 +17,7 @@ from torch import Tensor
 from ..checkpoint import Checkpointer
 from ..config import stop_reached
 from ..data.loader import epoch_loader
+from ..finite import checked_by_caller
 from ..tracking import Tracker
 from .evaluate import evaluate
 from .outputs import save_model
@@ -128,7 +129,7 @@ def _train_step(
         x = x.contiguous(memory_format=torch.channels_last)
     plan.optimizer.zero_grad(set_to_none=True)
     scaler = plan.loss_scaler
-    with plan.autocast():
+    with plan.autocast(), checked_by_caller():
         loss = strategy.forward_backward(
             plan.model, x, y, plan.loss_fn if scaler is None else scaler.scaled(plan.loss_fn)
         )
@@ -142,7 +143,8 @@ def _train_step(
     if finite:
         if plan.grad_clip_norm is not None:
             torch.nn.utils.clip_grad_norm_(plan.trainable, plan.grad_clip_norm)
-        strategy.after_backward(plan.model)
+        with checked_by_caller():
+            strategy.after_backward(plan.model)
         plan.optimizer.step()
     plan.scheduler.step()  # the schedule keeps its length; a skipped step is a step with no update
     if finite:

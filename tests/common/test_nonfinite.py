@@ -105,3 +105,32 @@ def test_the_flags_and_the_message():
         NonFiniteGradient, match=r"gradient of b is not finite at step 7: 2 of 3 entries \(the first is inf\)"
     ):
         assert_finite(all_finite([good, bad]), ["a", "b"], [good, bad], "at step 7")
+
+
+def _hooked_nan(rank: int, world: int, compressor: str, options: dict) -> str:
+    """A user's own DDP script: thinwire's hook, the last rank's second layer's weight gradient NaN
+    (one rank: the other ranks of a real run wait in the collective until the launcher stops them)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from common.comm import install_ddp_hook
+
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)))
+    install_ddp_hook(model, compressor, **options)
+    if rank == world - 1:
+        model.module[2].weight.register_hook(lambda g: g * math.nan)
+    try:
+        model(torch.randn(4, 8)).sum().backward()
+    except Exception as error:  # what surfaces from DDP's backward
+        return f"{type(error).__name__}: {error}"
+    return "finished"
+
+
+@pytest.mark.parametrize(
+    ("compressor", "options"),
+    [("topk", {"density": 0.25, "error_feedback": True}), ("fp16", {}), ("terngrad", {})],
+)
+def test_a_nan_gradient_through_the_hook_names_the_tensor(compressor, options, tmp_path):
+    (result,) = run_ranks(_hooked_nan, 1, compressor, options, tmp_path=tmp_path, timeout=60)
+    assert result.startswith("NonFiniteGradient"), result
+    assert "gradient of 2.weight is not finite in a reduction" in result, result
