@@ -48,7 +48,7 @@ from common.pruning import (
     save_masks,
 )
 from common.tracking import Tracker, git_sha
-from common.verdict import plateau
+from harness.verdict import plateau
 
 from .config import ScaleConfig
 from .memory import configurations
@@ -326,7 +326,7 @@ def main(argv: list[str] | None = None) -> None:
         help="output folder (default scratch/sparse_axonn, git-ignored; the DVC stage passes results/sparse_axonn)",
     )
     args = parser.parse_args(argv)
-    from pipelines.common import quiet_environment, setup_logging
+    from harness.entry import quiet_environment, setup_logging
 
     quiet_environment()
     setup_logging()

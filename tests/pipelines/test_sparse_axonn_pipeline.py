@@ -21,10 +21,10 @@ import torch
 from common.paths import REPO_ROOT
 from common.pipeline import GPT2Stage
 from common.pruning import load_masks, magnitude_masks, save_masks
+from harness.params import load_params
 from papers.sparse_axonn.config import ModelConfig, ScaleConfig, from_params
 from papers.sparse_axonn.model import build_gpt2, evaluate, load_split
 from papers.sparse_axonn.params import load_config
-from pipelines.common import load_params
 from tests.helpers.mlflow_store import fresh_store
 from tests.helpers.processes import run_group
 from tests.helpers.smoke_record import check_losses
