@@ -19,13 +19,41 @@ def _imports(path: Path) -> set[str]:
     return names
 
 
-def test_library_never_imports_papers_or_pipelines():
+# What each top-level package may never import: the arrows run pipelines -> papers -> harness ->
+# common -> kernels, one way.
+FORBIDDEN = {
+    "common": {"harness", "papers", "pipelines", "benchmarks", "tests"},
+    "kernels": {"harness", "papers", "pipelines", "benchmarks", "tests"},
+    "harness": {"papers", "pipelines", "benchmarks", "tests"},
+    "papers": {"pipelines", "benchmarks", "tests"},
+}
+
+
+def test_each_package_imports_only_below_it():
     offenders = [
         f"{path.relative_to(REPO_ROOT)} imports {sorted(bad)}"
-        for package in ("common", "kernels")
+        for package, forbidden in FORBIDDEN.items()
         for path in (REPO_ROOT / package).rglob("*.py")
-        if (bad := _imports(path) & {"papers", "pipelines", "benchmarks", "tests"})
+        if (bad := _imports(path) & forbidden)
     ]
+    assert offenders == []
+
+
+def test_a_paper_never_imports_another_paper():
+    """Code two papers need lives in common/ or harness/; a paper imports only its own folder."""
+    offenders = []
+    for path in sorted((REPO_ROOT / "papers").rglob("*.py")):
+        parts = path.relative_to(REPO_ROOT / "papers").parts
+        if len(parts) < 2:
+            continue  # papers/__init__.py
+        own = parts[0]
+        others = {
+            name.split(".")[1]
+            for name in _module_imports(path, REPO_ROOT)
+            if name.startswith("papers.") and name.split(".")[1] != own
+        }
+        if others:
+            offenders.append(f"{path.relative_to(REPO_ROOT)} imports papers {sorted(others)}")
     assert offenders == []
 
 
@@ -147,3 +175,8 @@ def test_gradient_syncs_routes_import_no_circle():
     (common/comm/route.py), never sync.py: no circle in common/comm. (The config -> methods ->
     strategies -> options -> config circle of common/ is the layout issue's; this finder sees it.)"""
     assert _circles("common/comm") == []
+
+
+def test_harness_and_papers_import_no_circle():
+    assert _circles("harness") == []
+    assert _circles("papers") == []
