@@ -1,5 +1,6 @@
-"""The launcher's view of a pipeline: a run's validated config, and the pipelines whose runs a
-paper's own module makes (params, result folders and the entry points' set-up: :mod:`harness`)."""
+"""The launcher's view of a pipeline: a run's validated config, from its params or from the paper's
+module the pipeline names (``runs_module``). Params files, result folders and the entry points'
+set-up live in :mod:`harness` (``params``, ``folders``, ``entry``)."""
 
 from __future__ import annotations
 
