@@ -71,8 +71,9 @@ def test_library_never_prints():
 TRAINERS = ("pipelines.launch", "pipelines.leaderboard", "pipelines.calibrate")
 
 
-def test_every_stage_that_trains_depends_on_the_library_and_its_kernels():
-    """A fix in common/ or kernels/ must rerun every stage whose numbers it can change."""
+def test_every_stage_that_trains_depends_on_the_library_the_harness_and_the_kernels():
+    """A fix in common/, harness/ (the launcher's network emulation and run lock) or kernels/ must
+    rerun every stage whose numbers it can change."""
     import yaml
 
     offenders = []
@@ -82,7 +83,11 @@ def test_every_stage_that_trains_depends_on_the_library_and_its_kernels():
             if not any(trainer in stage["cmd"] for trainer in TRAINERS):
                 continue
             deps = stage.get("deps", [])
-            if "common" not in deps or not any(d == "kernels" or d.startswith("kernels/") for d in deps):
+            if (
+                "common" not in deps
+                or "harness" not in deps
+                or not any(d == "kernels" or d.startswith("kernels/") for d in deps)
+            ):
                 offenders.append(f"{path.relative_to(REPO_ROOT)}:{name}")
     assert offenders == []
 
