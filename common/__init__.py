@@ -1,4 +1,4 @@
 """thinwire's shared library: compressors, error feedback, collectives, training loop.
 
-Never imports ``papers`` or ``pipelines``.
+Never imports ``harness``, ``papers`` or ``pipelines``.
 """

@@ -27,7 +27,7 @@ import torch.distributed as dist
 log = logging.getLogger(__name__)
 
 BACKENDS = ("gloo", "nccl")
-# Set by pipelines.launch (and common.netem.run_workers) to the pid the workers' parent has.
+# Set by pipelines.launch (and harness.netem.run_workers) to the pid the workers' parent has.
 LAUNCHER_PID_ENV = "THINWIRE_LAUNCHER_PID"
 _PR_SET_PDEATHSIG = 1
 
@@ -35,7 +35,7 @@ _PR_SET_PDEATHSIG = 1
 # torchrun (2.5+) shares its rendezvous TCPStore with the workers' init_process_group; after a
 # restart the workers then read the previous attempt's gloo addresses and fail to connect
 # ("Gloo connectFullMesh failed ... Connection refused"; pytorch/pytorch issue 135712). Every
-# launcher that lets torchrun restart ranks sets this (pipelines.launch, common.netem.run_hosts).
+# launcher that lets torchrun restart ranks sets this (pipelines.launch, harness.netem.run_hosts).
 RESTART_SAFE_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 

@@ -30,7 +30,7 @@ def tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{REPO_ROOT / 'mlflow.db'}"
 
 
-CODE_PATHS = ("common", "kernels", "papers", "pipelines", "pyproject.toml", "requirements.txt")
+CODE_PATHS = ("common", "kernels", "harness", "papers", "pipelines", "pyproject.toml", "requirements.txt")
 
 
 def git_sha() -> str:

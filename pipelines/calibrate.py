@@ -3,12 +3,12 @@
     python -m pipelines.calibrate            (the root dvc.yaml's ``calibrate`` stage)
 
 For every workers x bandwidth point of ``stage.calibration`` in ``pipelines/leaderboard/params.yaml``
-a virtual network is built (:mod:`common.netem`) and one process per rank trains each calibration
+a virtual network is built (:mod:`harness.netem`) and one process per rank trains each calibration
 method for ``max_steps`` steps, one after the other in the same process group (no restart cost
 between methods). Each run gives one sample: per-step traffic by op (what ``CommStats`` counted),
 per step the slowest rank's non-communication time, and the step time. The communication time
 of a step is its time minus that compute: what the network and the collectives' software
-cost. :func:`common.costmodel.fit` fits (alpha, efficiency, gamma) to those; the error table
+cost. :func:`harness.costmodel.fit` fits (alpha, efficiency, gamma) to those; the error table
 compares modelled with measured step times at every calibrated point.
 
 Writes ``results/costmodel/``: ``fit.json``, ``fit.md`` (parameters and error table), ``fit.png``
@@ -25,16 +25,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from common import costmodel, netem
 from common.fileio import atomic_write, atomic_write_json, atomic_write_text
-from pipelines.common import (
-    RESULTS_DIR,
-    artifacts_for,
-    load_params,
-    quiet_environment,
-    run_config,
-    setup_logging,
-)
+from harness import costmodel, netem
+from harness.entry import quiet_environment, setup_logging
+from harness.folders import RESULTS_DIR, artifacts_for
+from harness.params import load_params
+from pipelines.common import run_config
 
 PIPELINE = "leaderboard"
 OUT = RESULTS_DIR / "costmodel"

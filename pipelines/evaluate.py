@@ -26,7 +26,9 @@ from pathlib import Path
 from common.fileio import atomic_write_json
 from common.tracking import Tracker, git_sha
 from common.train import MODEL_FILE, evaluate_trained, trained_model_file
-from pipelines.common import RESULTS_DIR, load_params, quiet_environment, setup_logging
+from harness.entry import quiet_environment, setup_logging
+from harness.folders import RESULTS_DIR
+from harness.params import load_params
 
 
 def trained_runs(group_dir: Path, defined: Collection[str] | None = None) -> list[Path]:

@@ -7,7 +7,7 @@ Without ``--out`` a run goes to the git-ignored ``scratch/``: only DVC stages, w
 folder, write under ``results/`` (a hand run at smoke scale once replaced a committed 98 % result
 by a 30 % one).
 Bad parameters fail here, before any worker starts, and so does a second launch on a run folder
-that a running launch holds (:mod:`common.runlock`), and a run folder that cannot be written. The
+that a running launch holds (:mod:`harness.runlock`), and a run folder that cannot be written. The
 process then runs torchrun's own ``main`` (what the ``torchrun`` script runs, with torch imported
 already: a smoke launch took 23.5 s against 24.4 s through a fresh ``torchrun``), so Ctrl-C and
 DVC's signals reach torchrun, which stops its workers; a SIGKILL of it kills them too (they die
@@ -17,7 +17,7 @@ gives up after ``collective_timeout_s``. An error that a restart cannot fix (non
 intact checkpoint, a full or read-only disk, bad options) is not retried: the launch ends at once,
 its last line naming the rank and the cause (:mod:`pipelines.failures`, :func:`run_attempts`).
 
-Over a slow network (needs root and iproute2; see :mod:`common.netem`)::
+Over a slow network (needs root and iproute2; see :mod:`harness.netem`)::
 
     python -m pipelines.launch baseline fp32 --net-bandwidth 100mbit
 
@@ -33,7 +33,7 @@ As a cluster of H hosts x G ranks (H x G = the run's ``world_size``)::
 emulates H hosts (one namespace each; a host's ranks share its loopback, shaped with
 ``--intra-host-bandwidth`` if given) joined by links of the inter-host rate, and starts on each its
 own ``torchrun --nnodes H --nproc_per_node G --rdzv-backend c10d --rdzv-endpoint <host 0>:29400``
-agent, as on a cluster (:func:`common.netem.run_hosts`; a killed host's agent is started again and
+agent, as on a cluster (:func:`harness.netem.run_hosts`; a killed host's agent is started again and
 the run resumes from its last checkpoint).
 
 Repeats of one run share one start-up (torchrun, imports, data, MLflow: ~30 s on 2 cores)::
@@ -53,13 +53,15 @@ import os
 import sys
 import tempfile
 
-from common import netem
 from common.data import load_dataset
 from common.distributed import LAUNCHER_PID_ENV, RESTART_SAFE_ENV
 from common.fileio import WriteError, check_writable
-from common.runlock import lock_run_folders
+from harness import netem
+from harness.entry import quiet_environment
+from harness.folders import artifacts_for
+from harness.runlock import lock_run_folders
 from pipelines import failures
-from pipelines.common import INPUTS_ENV, artifacts_for, quiet_environment
+from pipelines.common import INPUTS_ENV
 from pipelines.train import (
     OUT_DIR_ENV,
     RUN_NAME_ENV,

@@ -37,7 +37,8 @@ from typing import Any
 
 from common.fileio import atomic_write_text
 from common.tracking import ensure_experiment, tracking_uri
-from pipelines.common import RESULTS_DIR, quiet_environment
+from harness.entry import quiet_environment
+from harness.folders import RESULTS_DIR
 
 ORIGINAL_TAG = "thinwire.original_run_id"
 SOURCE_TAG = "thinwire.source"

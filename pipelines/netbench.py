@@ -1,6 +1,6 @@
 """Time collectives on the current process group (one rank each); rank 0 writes a JSON report.
 
-Started per rank by :func:`common.netem.run_workers` (or torchrun)::
+Started per rank by :func:`harness.netem.run_workers` (or torchrun)::
 
     python -m pipelines.netbench --op all_reduce --mbytes 10 --repeats 3 --out result.json
 

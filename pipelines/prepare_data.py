@@ -17,7 +17,8 @@ import torch
 
 from common.data import SPLITS, load_dataset
 from common.fileio import atomic_write_json
-from pipelines.common import RESULTS_DIR, quiet_environment, setup_logging
+from harness.entry import quiet_environment, setup_logging
+from harness.folders import RESULTS_DIR
 
 
 def digest(dataset) -> str:

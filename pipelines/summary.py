@@ -3,7 +3,7 @@
     python -m pipelines.summary
 
 The claims table gathers every ``results/<pipeline>/report.json``'s ``claims`` (judged by
-:mod:`common.verdict` over seeds: ours against its baseline with the 95 % interval of the
+:mod:`harness.verdict` over seeds: ours against its baseline with the 95 % interval of the
 difference) and ``measured_claims`` (claims about time, density or memory measured once per
 configuration, each with its own verdict and why), each beside the paper's own figure (a claim's
 ``paper``). It names the commits every run recorded (:func:`run_shas`). Then each ``report.md``
@@ -16,7 +16,8 @@ import json
 from typing import Any
 
 from common.fileio import atomic_write_text
-from pipelines.common import RESULTS_DIR, quiet_environment
+from harness.entry import quiet_environment
+from harness.folders import RESULTS_DIR
 
 VERDICTS = ("reproduced", "not reproduced", "inconclusive")
 
@@ -106,7 +107,7 @@ def claims_section() -> str:
         "\n## Every claim\n\n"
         f"From the reports of {', '.join(sources)}: {counts['reproduced']} reproduced, "
         f"{counts['not reproduced']} not reproduced, {counts['inconclusive']} inconclusive. "
-        "Judged over seeds (common/verdict.py): Δ = ours minus the baseline it is compared with "
+        "Judged over seeds (harness/verdict.py): Δ = ours minus the baseline it is compared with "
         "(accuracy in points, losses in nats), with its 95 % interval over seeds; reproduced when the "
         "interval lies inside the claim on Δ, not reproduced when outside it, inconclusive otherwise, "
         "with 1 seed, or when the baseline did not converge. Measured once per configuration (time, "

@@ -21,17 +21,10 @@ from typing import Any
 from common.config import RunConfig, check_stop_at
 from common.distributed import init_from_env, shutdown
 from common.train import StepInfo, train
-from pipelines.common import (
-    artifacts_for,
-    inputs_dir,
-    load_params,
-    pipeline_name,
-    quiet_environment,
-    run_config,
-    run_stage,
-    scratch_dir,
-    setup_logging,
-)
+from harness.entry import quiet_environment, setup_logging
+from harness.folders import artifacts_for, pipeline_name, scratch_dir
+from harness.params import load_params
+from pipelines.common import inputs_dir, run_config, run_stage
 from pipelines.failures import recorded
 
 OUT_DIR_ENV = "THINWIRE_OUT_DIR"

@@ -42,7 +42,7 @@ if "MLFLOW_TRACKING_URI" not in os.environ or os.environ.get("THINWIRE_TESTS_STO
 # go first, so that neither worker ends on a long module alone. (xdist's own `--dist loadgroup`
 # does not group under pytest 9: it renames `item._nodeid`, which pytest 9 no longer reads.)
 SUITE_GROUP = "suite_smoke"
-FIRST = ("tests/pipelines/", "tests/test_examples.py", "tests/common/test_cluster.py")
+FIRST = ("tests/pipelines/", "tests/test_examples.py", "tests/harness/test_cluster.py")
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 

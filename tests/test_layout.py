@@ -19,13 +19,41 @@ def _imports(path: Path) -> set[str]:
     return names
 
 
-def test_library_never_imports_papers_or_pipelines():
+# What each top-level package may never import: the arrows run pipelines -> papers -> harness ->
+# common -> kernels, one way.
+FORBIDDEN = {
+    "common": {"harness", "papers", "pipelines", "benchmarks", "tests"},
+    "kernels": {"harness", "papers", "pipelines", "benchmarks", "tests"},
+    "harness": {"papers", "pipelines", "benchmarks", "tests"},
+    "papers": {"pipelines", "benchmarks", "tests"},
+}
+
+
+def test_each_package_imports_only_below_it():
     offenders = [
         f"{path.relative_to(REPO_ROOT)} imports {sorted(bad)}"
-        for package in ("common", "kernels")
+        for package, forbidden in FORBIDDEN.items()
         for path in (REPO_ROOT / package).rglob("*.py")
-        if (bad := _imports(path) & {"papers", "pipelines", "benchmarks", "tests"})
+        if (bad := _imports(path) & forbidden)
     ]
+    assert offenders == []
+
+
+def test_a_paper_never_imports_another_paper():
+    """Code two papers need lives in common/ or harness/; a paper imports only its own folder."""
+    offenders = []
+    for path in sorted((REPO_ROOT / "papers").rglob("*.py")):
+        parts = path.relative_to(REPO_ROOT / "papers").parts
+        if len(parts) < 2:
+            continue  # papers/__init__.py
+        own = parts[0]
+        others = {
+            name.split(".")[1]
+            for name in _module_imports(path, REPO_ROOT)
+            if name.startswith("papers.") and name.split(".")[1] != own
+        }
+        if others:
+            offenders.append(f"{path.relative_to(REPO_ROOT)} imports papers {sorted(others)}")
     assert offenders == []
 
 
@@ -43,8 +71,9 @@ def test_library_never_prints():
 TRAINERS = ("pipelines.launch", "pipelines.leaderboard", "pipelines.calibrate")
 
 
-def test_every_stage_that_trains_depends_on_the_library_and_its_kernels():
-    """A fix in common/ or kernels/ must rerun every stage whose numbers it can change."""
+def test_every_stage_that_trains_depends_on_the_library_the_harness_and_the_kernels():
+    """A fix in common/, harness/ (the launcher's network emulation and run lock) or kernels/ must
+    rerun every stage whose numbers it can change."""
     import yaml
 
     offenders = []
@@ -54,7 +83,7 @@ def test_every_stage_that_trains_depends_on_the_library_and_its_kernels():
             if not any(trainer in stage["cmd"] for trainer in TRAINERS):
                 continue
             deps = stage.get("deps", [])
-            if "common" not in deps or "kernels" not in deps:  # importing common imports every kernel
+            if "common" not in deps or "harness" not in deps or "kernels" not in deps:
                 offenders.append(f"{path.relative_to(REPO_ROOT)}:{name}")
     assert offenders == []
 
@@ -168,3 +197,8 @@ def test_gradient_syncs_routes_never_import_sync():
     """Each route (common/comm/routes/) sees GradientSync only through the RouteHost protocol."""
     for path in sorted((REPO_ROOT / "common/comm/routes").glob("*.py")):
         assert "common.comm.sync" not in _module_imports(path, REPO_ROOT), path
+
+
+def test_harness_and_papers_import_no_circle():
+    assert _circles("harness") == []
+    assert _circles("papers") == []

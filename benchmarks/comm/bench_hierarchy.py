@@ -3,7 +3,7 @@
     PYTHONPATH=. .venv/bin/python benchmarks/comm/bench_hierarchy.py                 # writes hierarchy.md
     PYTHONPATH=. .venv/bin/python benchmarks/comm/bench_hierarchy.py --rates 1gbit --cycles 3 --no-write
 
-For each inter-host rate, :func:`common.netem.run_hosts` starts one torchrun agent per emulated
+For each inter-host rate, :func:`harness.netem.run_hosts` starts one torchrun agent per emulated
 host (c10d rendezvous, the hosts' links shaped to the rate, each host's 2 ranks on its loopback)
 running this script with ``--worker``. A step is ResNet-18's (torchvision, 11.2M parameters,
 10 classes, 32 x 32 inputs, a fixed batch of 8 per rank) forward, backward and gradient sync
@@ -34,10 +34,10 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_util import git_sha, load_average, now_iso, write_markdown
 
-from common import netem
 from common.comm import GradientSync
 from common.comm.hierarchy import HostHierarchy
 from common.compressors import build_compressor
+from harness import netem
 
 VARIANTS = ("fp32_flat", "fp32_hierarchical", "topk1_flat", "topk1_hierarchical")
 

@@ -2,7 +2,7 @@
 
     python benchmarks/comm/bench_netem_burst.py            # needs root and iproute2; ~3 minutes
 
-8 ranks, each in its own namespace (common.netem), all-reduce 2.14 MB (the leaderboard MLP's
+8 ranks, each in its own namespace (harness.netem), all-reduce 2.14 MB (the leaderboard MLP's
 fp32 gradient) 4 times per setting, at each bucket size and link rate; the ideal time is
 2 (p-1)/p x bytes / rate. Writes benchmarks/results/netem_burst.md (the table) and prints it.
 """
@@ -20,9 +20,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from common import netem  # noqa: E402
 from common.fileio import atomic_write_text  # noqa: E402
 from common.tracking import git_sha  # noqa: E402
+from harness import netem  # noqa: E402
 
 
 def measure(workers: int, rate: str, burst: int, mbytes: float, repeats: int, out: Path) -> list[float]:

@@ -7,7 +7,7 @@ QSGD at 2 bits loses a little) are judged on the task suite's runs (``results/su
 and QSGD with the same recipe, the whole test split from the evaluate stage); DGC's ablation
 ladder on this pipeline's own runs (``results/dgc_qsgd/runs``, derived from the suite's DGC run):
 Gradient Dropping (top-k + error feedback) loses accuracy, and momentum correction, masking and
-warm-up together win it back. Every verdict from :mod:`common.verdict` (95 % interval over seeds,
+warm-up together win it back. Every verdict from :mod:`harness.verdict` (95 % interval over seeds,
 paired). Also: the density DGC actually sent and its compression after the warm-up (the paper's
 270-600x is for that steady state), QSGD's bits against accuracy, and the Elias-coded payload
 measured by ``benchmarks/comm/bench_qsgd_elias.py`` (``benchmarks/results/qsgd_elias.md``).
@@ -22,8 +22,7 @@ from typing import Any
 
 from common.paths import REPO_ROOT
 from common.plots import method_color, readable_log_axis
-from common.verdict import Claim
-from pipelines.claims import (
+from harness.claims import (
     PaperReport,
     Runs,
     claims_table,
@@ -36,7 +35,8 @@ from pipelines.claims import (
     summarize,
     values,
 )
-from pipelines.report import save_panels
+from harness.report import save_panels
+from harness.verdict import Claim
 
 PIPELINE = "dgc_qsgd"
 VARIANTS = {
@@ -178,7 +178,7 @@ def markdown(claims: list[dict[str, Any]], rows: list[dict[str, Any]], scale: st
         "those. Density sent: entries sent / entries of the sparsified (matrix) tensors over the whole run "
         "(warm-up included) and after the warm-up.\n",
         "## Claims\n",
-        "Verdicts by `common/verdict.py`: the difference with a 95 % Student-t interval over seeds, paired "
+        "Verdicts by `harness/verdict.py`: the difference with a 95 % Student-t interval over seeds, paired "
         "by seed; inconclusive when the interval straddles a bound, with too few seeds, or when the suite's "
         "fp32 has not plateaued.\n",
         claims_table(claims),

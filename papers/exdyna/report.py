@@ -12,7 +12,7 @@ against k (build-up), the load imbalance, bits per step and the final metric on 
 The density claim is about a per-step process: it is judged on each task's run (the second half's
 mean within 10 % of the target), and is **reproduced** when it holds on every task, **not
 reproduced** when it fails on every task, inconclusive otherwise. Accuracy against fp32 goes
-through :mod:`common.verdict` like every other claim (one seed: inconclusive by rule).
+through :mod:`harness.verdict` like every other claim (one seed: inconclusive by rule).
 Writes ``report.md``, ``report.json`` and ``curves.png``.
 """
 
@@ -23,8 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from common.plots import method_color
-from common.verdict import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
-from pipelines.claims import (
+from harness.claims import (
     PaperReport,
     Runs,
     claims_table,
@@ -37,7 +36,8 @@ from pipelines.claims import (
     suite_tasks,
     values,
 )
-from pipelines.report import save_panels
+from harness.report import save_panels
+from harness.verdict import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
 
 PIPELINE = "exdyna"
 SELECTORS = {

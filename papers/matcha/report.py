@@ -35,12 +35,14 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from common.costmodel import LinkParams, collective_time, format_rate, parse_rate
 from common.fileio import atomic_write_json
 from common.gossip import build_plan
 from common.topology import plot_spectrum
-from pipelines.common import RESULTS_DIR, load_params, quiet_environment
-from pipelines.report import finish_report, save_panels, seed_results
+from harness.costmodel import LinkParams, collective_time, format_rate, parse_rate
+from harness.entry import quiet_environment
+from harness.folders import RESULTS_DIR
+from harness.params import load_params
+from harness.report import finish_report, save_panels, seed_results
 
 PIPELINE = "matcha"
 OUT = RESULTS_DIR / PIPELINE

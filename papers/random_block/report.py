@@ -7,7 +7,7 @@ the comparison runs are this pipeline's (``results/random_block/runs``, derived 
 run): classic error feedback (mu 0), DEF and DEF-A at 1/16 and 1/64, each at lr 0.4 and 0.1, on
 MNIST; classic EF at 1/16 on CIFAR-10. Each method is judged at its best lr of that grid
 (the highest mean test metric over seeds: chosen on the test split, the same advantage for every
-method). Claims, through :mod:`common.verdict` (95 % interval over seeds, paired by seed):
+method). Claims, through :mod:`harness.verdict` (95 % interval over seeds, paired by seed):
 
 - DEF at 1/16 loses nothing against fp32 (every suite task);
 - DEF beats classic EF at 1/16 and 1/64 (MNIST, each at its best lr) and at 1/16 on CIFAR-10
@@ -24,8 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from common.plots import method_color, readable_log_axis
-from common.verdict import Claim
-from pipelines.claims import (
+from harness.claims import (
     PaperReport,
     Runs,
     claims_table,
@@ -38,7 +37,8 @@ from pipelines.claims import (
     summarize,
     values,
 )
-from pipelines.report import save_panels
+from harness.report import save_panels
+from harness.verdict import Claim
 
 PIPELINE = "random_block"
 METHODS = {"ef": "classic EF (mu 0)", "def": "DEF (mu 0.3)", "defa": "DEF-A (mu 0.3, averaged every step)"}
@@ -219,7 +219,7 @@ def markdown(claims: list[dict[str, Any]], rows: list[dict[str, Any]], scale: st
         f"runs at git {', '.join(shas)}. Metric: the whole test split (the evaluate stage). Best lr: the grid "
         "point with the higher mean over seeds (marked *).\n",
         "## Claims\n",
-        "Verdicts by `common/verdict.py`: the difference with a 95 % Student-t interval over seeds, paired by "
+        "Verdicts by `harness/verdict.py`: the difference with a 95 % Student-t interval over seeds, paired by "
         "seed; inconclusive when the interval straddles a bound, with too few seeds, or when the suite's fp32 "
         "has not plateaued.\n",
         claims_table(claims),

@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--root", default=None, help=f"the prune stage's output folder (default {OUT})")
     args = parser.parse_args(argv)
-    from pipelines.common import quiet_environment, setup_logging
+    from harness.entry import quiet_environment, setup_logging
 
     quiet_environment()
     setup_logging()

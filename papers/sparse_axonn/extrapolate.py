@@ -12,7 +12,7 @@ measured. It is a model, labelled as such wherever it is printed, not a measurem
 - Grid: the fewest power-of-two ``G_inter`` whose per-GPU model state fits ``state_fraction`` of
   the GPU memory (the rest for activations and buffers), ``G_data = num_gpus / G_inter``.
 - All-reduce: each GPU all-reduces its stage's fp16 gradients (dense: ``2 N / G_inter`` bytes;
-  sparse: ``2 K / G_inter``) over ``G_data`` ranks (ring, ``common.costmodel``).
+  sparse: ``2 K / G_inter``) over ``G_data`` ranks (ring, ``harness.costmodel``).
 - Point to point: a middle stage sends, per sequence of its replica's share of the batch, the
   fp16 activations forward and their gradients backward: ``2 x 2 seq d`` bytes, one message each.
 - Compute: ``6 N`` FLOPs per token (dense compute for dense and sparse AxoNN alike) at
@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from common import costmodel
+from harness import costmodel
 
 from .memory import MIXED_DENSE_BYTES, MIXED_SPARSE_DENSE_BYTES, MIXED_SPARSE_KEPT_BYTES
 

@@ -7,7 +7,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pipelines.common import RESULTS_DIR, SCRATCH_DIR, load_params
+from harness.folders import RESULTS_DIR, SCRATCH_DIR
+from harness.params import load_params
 
 from .config import RunSpec, ScaleConfig, from_params
 

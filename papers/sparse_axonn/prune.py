@@ -40,7 +40,7 @@ from common.comm import CommStats
 from common.distributed import seed_everything
 from common.fileio import atomic_write, atomic_write_json, atomic_write_text
 from common.tracking import Tracker, git_sha
-from common.verdict import plateau
+from harness.verdict import plateau
 
 from .compact import CompactTraining
 from .config import ScaleConfig
@@ -327,7 +327,7 @@ def main(argv: list[str] | None = None) -> None:
         help="output folder (default scratch/sparse_axonn, git-ignored; the DVC stage passes results/sparse_axonn)",
     )
     args = parser.parse_args(argv)
-    from pipelines.common import quiet_environment, setup_logging
+    from harness.entry import quiet_environment, setup_logging
 
     quiet_environment()
     setup_logging()

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from common import costmodel
+from harness import costmodel
 
 WORKERS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 

@@ -7,7 +7,7 @@ TernGrad runs (``results/suite``: the same recipe for both, the whole test split
 stage); the ablations on this pipeline's own runs (``results/terngrad/runs``, derived from the
 suite's TernGrad run, same seeds): clipping helps, scaler sharing costs nothing, and the clipping
 rule (each worker at its own 2.5 sigma, GRACE's, against the code's shared bound) makes no
-difference. Every verdict comes from :mod:`common.verdict` (95 % interval over seeds, paired).
+difference. Every verdict comes from :mod:`harness.verdict` (95 % interval over seeds, paired).
 Writes ``report.md``, ``report.json``, ``curves.png`` and ``perf_model.png`` (TernGrad's
 performance model with our measured parameters, to 512 workers).
 """
@@ -20,11 +20,9 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from common import costmodel
 from common.plots import method_color, readable_log_axis
-from common.verdict import Claim
-from papers.terngrad import perf_model
-from pipelines.claims import (
+from harness import costmodel
+from harness.claims import (
     PaperReport,
     Runs,
     claims_table,
@@ -37,8 +35,11 @@ from pipelines.claims import (
     summarize,
     values,
 )
-from pipelines.common import RESULTS_DIR, load_params
-from pipelines.report import save_panels
+from harness.folders import RESULTS_DIR
+from harness.params import load_params
+from harness.report import save_panels
+from harness.verdict import Claim
+from papers.terngrad import perf_model
 
 PIPELINE = "terngrad"
 VARIANTS = {
@@ -144,7 +145,7 @@ def markdown(claims: list[dict[str, Any]], rows: list[dict[str, Any]], scale: st
         "evaluate stage). Bits: what each rank handed to collectives per step (codes, scalers, the scaler "
         "agreement), counted from the wire tensors.\n",
         "## Claims\n",
-        "Verdicts by `common/verdict.py`: the difference with a 95 % Student-t interval over seeds, paired "
+        "Verdicts by `harness/verdict.py`: the difference with a 95 % Student-t interval over seeds, paired "
         "by seed; inconclusive when the interval straddles a bound, with too few seeds, or when the suite's "
         "fp32 has not plateaued.\n",
         claims_table(claims),

@@ -40,12 +40,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from common import costmodel, netem
 from common.fileio import atomic_write_json, atomic_write_text
 from common.plots import method_color
-from pipelines.claims import Runs, finite, load_runs, suite_tasks
-from pipelines.common import RESULTS_DIR, artifacts_for, load_params, quiet_environment, setup_logging
-from pipelines.report import log_report, read_csv, save_panels
+from harness import costmodel, netem
+from harness.claims import Runs, finite, load_runs, suite_tasks
+from harness.entry import quiet_environment, setup_logging
+from harness.folders import RESULTS_DIR, artifacts_for
+from harness.params import load_params
+from harness.report import log_report, read_csv, save_panels
 
 PIPELINE = "leaderboard"
 OUT = RESULTS_DIR / PIPELINE

@@ -5,7 +5,7 @@
 Reads every trained run under ``results/suite/runs/<group>/<run>/seed<k>/`` (curves, bits, times,
 MLflow ids) and its whole-test-split measurement under ``results/suite/evaluations/`` (the
 evaluate stage), and writes ``results/suite/report.md``, ``report.json`` (what the paper pipelines
-and the leaderboard read) and ``curves.png``. The verdicts come from :mod:`common.verdict`: the
+and the leaderboard read) and ``curves.png``. The verdicts come from :mod:`harness.verdict`: the
 difference to fp32 with a 95 % interval over seeds (paired by seed), against the task's tolerance
 in params.yaml ``stage``; a single seed or an unconverged fp32 is inconclusive. Nothing is typed
 by hand.
@@ -20,10 +20,12 @@ from typing import Any
 
 from common.fileio import atomic_write_json, atomic_write_text
 from common.plots import method_color, readable_log_axis
-from common.verdict import difference, judge, min_seeds_for, plateau
-from pipelines.claims import Runs, finite, load_runs, metric_value, no_loss_claim
-from pipelines.common import RESULTS_DIR, load_params, quiet_environment
-from pipelines.report import log_report, save_panels
+from harness.claims import Runs, finite, load_runs, metric_value, no_loss_claim
+from harness.entry import quiet_environment
+from harness.folders import RESULTS_DIR
+from harness.params import load_params
+from harness.report import log_report, save_panels
+from harness.verdict import difference, judge, min_seeds_for, plateau
 
 PIPELINE = "suite"
 
@@ -147,7 +149,7 @@ def markdown(convergence: list[dict[str, Any]], rows: list[dict[str, Any]], scal
         "`results/suite/evaluations/` (the evaluate stage: each final model on the whole test split). "
         f"Runs at git {', '.join(shas)}.",
         "",
-        "Verdict rule (`common/verdict.py`): the difference to fp32 with a 95 % Student-t interval over "
+        "Verdict rule (`harness/verdict.py`): the difference to fp32 with a 95 % Student-t interval over "
         "seeds, paired by seed; **reproduced** when the interval lies inside the claim, **not reproduced** "
         "when outside, **inconclusive** when it straddles a bound, with fewer than 3 seeds on a side "
         "(claims under 2 points), or when fp32 has not reached its plateau.",

@@ -256,18 +256,3 @@ def test_artifacts_dir_holds_model_and_checkpoints_and_evaluate_finds_them(tmp_p
     shutil.rmtree(artifacts)
     with pytest.raises(FileNotFoundError, match=r"has no model\.pt .*not committed"):
         evaluate_trained(out)
-
-
-def test_pipeline_runs_under_results_keep_artifacts_under_artifacts(monkeypatch, tmp_path):
-    """``pipelines.common.artifacts_for``: a folder below results/ maps to the same place below
-    artifacts/; any other folder (a hand run's --out) keeps its own."""
-    import pipelines.common as pc
-
-    monkeypatch.setattr(pc, "RESULTS_DIR", tmp_path / "results")
-    monkeypatch.setattr(pc, "ARTIFACTS_DIR", tmp_path / "artifacts")
-    run = tmp_path / "results" / "suite" / "runs" / "cifar_3" / "cifar_fp32" / "seed0"
-    assert (
-        pc.artifacts_for(run)
-        == tmp_path / "artifacts" / "suite" / "runs" / "cifar_3" / "cifar_fp32" / "seed0"
-    )
-    assert pc.artifacts_for(tmp_path / "scratch" / "x") == tmp_path / "scratch" / "x"

@@ -8,7 +8,7 @@ remembers it), so torchrun restarts both ranks and they resume from the last che
 ``--timeout`` seconds in its next collective, and torchrun restarts both. ``--epochs`` makes the
 run longer (a different run). ``--world-size`` runs it on more ranks, ``--data-workers`` decodes through a DataLoader. With ``--kill-host-at`` the
 last rank SIGKILLs its torchrun agent and itself there the first time: a lost host (its other ranks
-die with the agent), for the emulated-cluster tests (``common.netem.run_hosts``).
+die with the agent), for the emulated-cluster tests (``harness.netem.run_hosts``).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import yaml
 
 from common.paths import REPO_ROOT
 from common.strategies.sparse import BAND, SCALE_UP
-from pipelines.common import load_params
+from harness.params import load_params
 from pipelines.train import resolve_config
 from tests.helpers.smoke_record import check_losses
 from tests.pipelines.conftest import run_steps, tracking_env

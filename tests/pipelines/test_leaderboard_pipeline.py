@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from common import netem
 from common.paths import cache_root, data_root
+from harness import netem
 from tests.helpers.mlflow_store import fresh_store
 from tests.helpers.processes import run_group
 from tests.pipelines.test_baseline_pipeline import _copy_repo

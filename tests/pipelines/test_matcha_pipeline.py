@@ -10,10 +10,10 @@ import sys
 
 import pytest
 
-from common.costmodel import LinkParams, collective_time
 from common.paths import REPO_ROOT
+from harness.costmodel import LinkParams, collective_time
+from harness.params import load_params
 from papers.matcha import report
-from pipelines.common import load_params
 from pipelines.train import resolve_config
 from tests.helpers.mlflow_store import fresh_store
 from tests.helpers.processes import run_group

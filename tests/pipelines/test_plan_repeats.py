@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from pipelines.common import SCRATCH_DIR
+from harness.folders import SCRATCH_DIR
 from pipelines.launch import main as launch
 from pipelines.train import OUT_DIR_ENV, RUN_NAME_ENV, SEEDS_ENV, STOP_AT_ENV, parse_stop_at, plan_repeats
 

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from common.paths import REPO_ROOT
-from pipelines.common import load_params
+from harness.params import load_params
 from pipelines.train import resolve_config
 from tests.helpers.smoke_record import check_losses
 from tests.pipelines.conftest import train_evaluate_report

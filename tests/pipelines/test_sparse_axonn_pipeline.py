@@ -19,12 +19,12 @@ import pytest
 import torch
 
 from common.paths import REPO_ROOT
+from harness.params import load_params
 from papers.sparse_axonn.config import ModelConfig, ScaleConfig, from_params
 from papers.sparse_axonn.model import build_gpt2, evaluate, load_split
 from papers.sparse_axonn.params import load_config
 from papers.sparse_axonn.pipeline_stages import GPT2Stage
 from papers.sparse_axonn.pruning import load_masks, magnitude_masks, save_masks
-from pipelines.common import load_params
 from tests.helpers.mlflow_store import fresh_store
 from tests.helpers.processes import run_group
 from tests.helpers.smoke_record import check_losses

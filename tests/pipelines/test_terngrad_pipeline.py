@@ -103,7 +103,7 @@ def test_every_run_composes_and_fp32_layers_name_real_parameters():
     import torch
 
     from common.models import build_model
-    from pipelines.common import load_params
+    from harness.params import load_params
     from pipelines.train import resolve_config
 
     params = load_params("terngrad")
@@ -125,21 +125,21 @@ def test_every_run_composes_and_fp32_layers_name_real_parameters():
 
 
 def test_from_names_a_real_run_and_never_loops(tmp_path, monkeypatch):
-    from pipelines import common
+    from harness import params as harness_params
 
     params = {
         "scale": "cpu",
         "scales": {"cpu": {}},
         "runs": {"a": {"from": "suite/no_such_run"}, "b": {"from": "x/b"}, "c": {"from": "nonsense"}},
     }
-    real = common.load_params
-    monkeypatch.setattr(common, "load_params", lambda p: params if p in ("x",) else real(p))
+    real = harness_params.load_params
+    monkeypatch.setattr(harness_params, "load_params", lambda p: params if p in ("x",) else real(p))
     with pytest.raises(ValueError, match="unknown run 'no_such_run'"):
-        common.run_values("x", "a")
+        harness_params.run_values("x", "a")
     with pytest.raises(ValueError, match="loops"):
-        common.run_values("x", "b")
+        harness_params.run_values("x", "b")
     with pytest.raises(ValueError, match="from must be '<pipeline>/<run>'"):
-        common.run_values("x", "c")
+        harness_params.run_values("x", "c")
 
 
 def test_smoke_losses_equal_the_record(terngrad):

@@ -1,5 +1,5 @@
 """Runs and claims for the report stages: one way to read a pipeline's trained and evaluated runs,
-one way to turn a paper's claim into a verdict (:mod:`common.verdict`).
+one way to turn a paper's claim into a verdict (:mod:`harness.verdict`).
 
 A pipeline's runs live under ``results/<pipeline>/runs/<group>/<run>/seed<k>/`` (the train stage)
 with their whole-test-split measurement in ``results/<pipeline>/evaluations/<group>/<run>/seed<k>.json``
@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common.verdict import Claim, difference, judge, min_seeds_for
-from pipelines.common import RESULTS_DIR, load_params
-from pipelines.report import read_csv
+from harness.folders import RESULTS_DIR
+from harness.params import load_params
+from harness.report import read_csv
+from harness.verdict import Claim, difference, judge, min_seeds_for
 
 Runs = dict[str, dict[int, dict[str, Any]]]  # run -> seed -> its files
 
@@ -206,8 +207,8 @@ def paper_report_main(
     import argparse
 
     from common.fileio import atomic_write_json, atomic_write_text
-    from pipelines.common import quiet_environment
-    from pipelines.report import log_report
+    from harness.entry import quiet_environment
+    from harness.report import log_report
 
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--suite", default=str(RESULTS_DIR / "suite"), help="the suite's results folder")

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from common.costmodel import (
+from harness.costmodel import (
     OPS,
     LinkParams,
     MethodProfile,

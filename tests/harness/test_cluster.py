@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from common import netem
 from common.paths import REPO_ROOT
+from harness import netem
 from tests.helpers.mlflow_store import fresh_store
 
 needs_netem = pytest.mark.skipif(
@@ -140,7 +140,7 @@ def test_sigterm_to_a_cluster_launch_stops_every_agent_and_rank_and_removes_the_
     script.write_text(
         "import json, sys\n"
         f"sys.path.insert(0, {str(REPO_ROOT)!r})\n"
-        "from common import netem\n"
+        "from harness import netem\n"
         "with netem.terminate_as_exception():\n"
         "    net = netem.VirtualNetwork(2, '1gbit')\n"
         "    with net:\n"

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from common import netem
 from common.paths import REPO_ROOT
+from harness import netem
 
 needs_netem = pytest.mark.skipif(
     not netem.supported(), reason="needs root and iproute2 (ip, tc) for network namespaces"
@@ -108,7 +108,7 @@ def test_sigterm_to_the_launcher_stops_workers_and_removes_namespaces(tmp_path: 
             f"""
             import json, sys
             sys.path.insert(0, {str(REPO_ROOT)!r})
-            from common import netem
+            from harness import netem
             with netem.terminate_as_exception():
                 net = netem.VirtualNetwork(2, "100mbit")
                 with net:

@@ -13,7 +13,7 @@ interfaces or routes and traffic goes only between these namespaces. Both ends o
 shaped with a token-bucket filter (``tbf``) at the configured rate, so each rank has a full-duplex
 link of that rate to the switch, like a server's NIC in a cluster. This kernel has no ``netem``
 qdisc: there is no added delay or loss; latency is the cost model's business
-(:mod:`common.costmodel`).
+(:mod:`harness.costmodel`).
 
 gloo is pointed at the veth with ``GLOO_SOCKET_IFNAME=tw0`` and ``MASTER_ADDR`` = rank 0's address
 (:meth:`VirtualNetwork.env`). Names carry the creating process id (``tw<pid>n<k>-r<rank>``), so
@@ -43,8 +43,9 @@ import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from common.distributed import LAUNCHER_PID_ENV, RESTART_SAFE_ENV, kill_with_parent
+
 from .costmodel import parse_rate as parse_rate  # re-exported for the launcher
-from .distributed import LAUNCHER_PID_ENV, RESTART_SAFE_ENV, kill_with_parent
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ import math
 import pytest
 from scipy import stats
 
-from common.verdict import (
+from harness.verdict import (
     INCONCLUSIVE,
     NOT_REPRODUCED,
     REPRODUCED,
