@@ -274,7 +274,7 @@ def _start(args: argparse.Namespace, world_size: int, max_restarts: int, failure
 
 def _reported(code: int, failures_dir: str) -> int:
     """An emulated network's exit ``code``, with the last attempt's rank and cause printed last
-    (its own restart loop, :mod:`common.netem`, retries every failure)."""
+    (its own restart loop, :mod:`harness.netem`, retries every failure)."""
     if code:
         _, line = failures.verdict(failures.read_records(failures_dir), {})
         print(f"error: {line}", file=sys.stderr)
