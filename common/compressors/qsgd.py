@@ -43,7 +43,8 @@ from kernels._dispatch import rand
 from kernels.qsgd_quantize import ALLOWED_BITS, num_levels
 from kernels.qsgd_quantize import reference as qsgd_reference
 
-from .base import CompressorRNG, DenseDecoder, Payload, check_fused_rng
+from .base import CompressorRNG, Payload, check_fused_rng
+from .decoders import DenseDecoder
 from .segments import SegmentDraws, Segments
 
 ENCODINGS = ("fixed", "elias")
