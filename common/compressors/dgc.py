@@ -39,7 +39,8 @@ random start comes from ``rng.local``, not Python's global ``random``; the code'
 option is not offered (indices are int32 here as with its ``int32_indices``).
 
 Warm-up (the paper's "warm-up training"): the density follows 25 %, 6.25 %, 1.5625 %, 0.390625 %, then the final
-0.1 %, one value per epoch (:func:`warmup_density`; apply it with :meth:`DGC.set_density`).
+0.1 %, one value per epoch (:func:`common.compressors.dgc_warmup.warmup_density`; apply it with
+:meth:`DGC.set_density`).
 
 Payload ``wire`` (1-D): ``"values"`` (x's dtype) and ``"indices"`` (int32 below 2**31 entries),
 one entry each per sent element. Bits on the wire: ``num_sent * (8 * element_size + 32)``, i.e.
@@ -63,22 +64,11 @@ from torch import Tensor
 from kernels._dispatch import use_native, use_triton
 from kernels.threshold_select import estimate_threshold, threshold_select
 
-from .base import (
-    CompressorRNG,
-    Payload,
-    SparseCompressor,
-    check_density,
-    index_dtype,
-    num_kept,
-    scatter_sum_into,
-)
+from .base import CompressorRNG, Payload, check_density, index_dtype, num_kept
+from .decoders import SparseCompressor, scatter_sum_into
 from .segments import SegmentDraws, Segments, num_kept_table
 from .select import kth_largest, segmented_topk
 from .topk import sparse_payload
-
-#: The paper's warm-up densities for the first five epochs (75 % -> 99.9 % sparsity, "exponentially
-#: increasing"); the code's README writes them rounded as [0.25, 0.063, 0.015, 0.004, 0.001].
-PAPER_WARMUP: tuple[float, ...] = (0.25, 0.0625, 0.015625, 0.00390625, 0.001)
 
 TRUNCATIONS = ("magnitude", "position")
 
@@ -95,32 +85,6 @@ def _check_fraction(name: str, value: float) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 < value <= 1.0:
         raise ValueError(f"{name} must be a number in (0, 1], got {value!r}")
     return float(value)
-
-
-def warmup_density(epoch: int, final: float, schedule: Sequence[float] | None = None) -> float:
-    """The density for ``epoch`` (0-based): ``schedule[epoch]`` during the warm-up, then ``final``.
-
-    ``schedule`` defaults to the paper's :data:`PAPER_WARMUP` (five epochs); ``()`` means no
-    warm-up. A warm-up is never sparser than the final density: an entry below ``final`` gives
-    ``final`` (as the code's exponential rule does with its ``max(..., final)``).
-
-    Pitfall: the official code's default (``warmup_coeff=None``) is *not* this schedule but
-    ``max(final ** ((epoch + 1) / (W + 1)), final)``; for final 0.001 and W = 5 warm-up epochs that
-    is 0.316, 0.1, 0.0316, 0.01, 0.00316 (much denser than the paper). Its configs must pass the
-    list explicitly to get the paper's schedule, which is what this function does by default.
-    """
-    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-        raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
-    final = check_density(final)
-    entries = PAPER_WARMUP if schedule is None else tuple(schedule)
-    for position, entry in enumerate(entries):
-        if isinstance(entry, bool) or not isinstance(entry, int | float) or not 0.0 < entry <= 1.0:
-            raise ValueError(
-                f"warm-up schedule entries must be densities in (0, 1], got {entry!r} at position {position}"
-            )
-    if epoch < len(entries):
-        return max(float(entries[epoch]), final)
-    return final
 
 
 class DGC(SparseCompressor):

@@ -12,16 +12,8 @@ from torch import Tensor
 
 from kernels.segment_noise import tensor_noise
 
-from .base import (
-    Compressor,
-    CompressorRNG,
-    Payload,
-    check_density,
-    check_out,
-    index_dtype,
-    num_kept,
-    scatter_sum_into,
-)
+from .base import Compressor, CompressorRNG, Payload, check_density, check_out, index_dtype, num_kept
+from .decoders import scatter_sum_into
 from .segments import SegmentDraws, Segments, num_kept_table
 from .select import segmented_topk
 from .topk import topk_of

@@ -59,7 +59,8 @@ from torch import Tensor
 from kernels import scale_values, ternarize, ternary_decode_accumulate, ternary_values
 from kernels._dispatch import rand
 
-from .base import CompressorRNG, DenseDecoder, Needs, Payload, check_fused_rng
+from .base import CompressorRNG, Needs, Payload, check_fused_rng
+from .decoders import DenseDecoder
 from .segments import SegmentDraws, Segments
 
 CODE_TRANSPORTS = ("auto", "allgather", "allreduce")

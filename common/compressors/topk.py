@@ -27,15 +27,8 @@ from torch import Tensor
 from kernels._dispatch import use_native
 from kernels.threshold_select import threshold_select
 
-from .base import (
-    CompressorRNG,
-    Payload,
-    SparseCompressor,
-    check_density,
-    index_dtype,
-    num_kept,
-    scatter_sum_into,
-)
+from .base import CompressorRNG, Payload, check_density, index_dtype, num_kept
+from .decoders import SparseCompressor, scatter_sum_into
 from .segments import SegmentDraws, Segments, num_kept_table
 from .select import segmented_topk
 

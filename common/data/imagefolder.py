@@ -41,11 +41,9 @@ scale this CPU decoding is the likely bottleneck (about 100-200 images/s per thr
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import os
-import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -59,126 +57,20 @@ from common.paths import cache_root, data_root
 
 from .base import Arrays, DataError, DatasetInfo
 from .cache import load_or_build
+from .imagefolder_index import SPLIT_FOLDERS, build_index, check_index, fingerprint, layout_help
 from .images import _TEST_ORDER_SEED, _TRAIN_ORDER_SEED, fixed_order
 
 log = logging.getLogger(__name__)
 
-IMAGENET_ENV = "THINWIRE_IMAGENET"
 DECODE_THREADS_ENV = "THINWIRE_DECODE_THREADS"
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
-_IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png")
-# Split name in the index -> folder under the root.
-_FOLDERS = {"train": "train", "test": "val"}
 # ILSVRC-2012: classes, training images, validation images. Other counts only log a warning, so
 # that subsets (and the tests' tiny trees) load.
 ILSVRC2012_COUNTS = (1000, 1_281_167, 50_000)
 # In-process memo of index files already read: cache path -> arrays.
 _INDEXES: dict[Path, Arrays] = {}
-
-
-def _layout_help(root: Path, origin: str) -> str:
-    return (
-        f"expected the ILSVRC-2012 images as {root}/train/<wnid>/*.JPEG (1000 class folders) and "
-        f"{root}/val/<wnid>/*.JPEG (the validation images sorted into the same class folders); "
-        f"looked in {root} ({origin}); set {IMAGENET_ENV} to the folder that holds train/ and val/"
-    )
-
-
-def _list_split(folder: Path) -> dict[str, list[str]]:
-    """Class folder name -> sorted image file names, for one split folder."""
-    found: dict[str, list[str]] = {}
-    with os.scandir(folder) as entries:
-        class_dirs = sorted(e.name for e in entries if e.is_dir() and not e.name.startswith("."))
-    for name in class_dirs:
-        with os.scandir(folder / name) as entries:
-            found[name] = sorted(
-                e.name
-                for e in entries
-                if not e.name.startswith(".") and e.name.lower().endswith(_IMAGE_SUFFIXES) and e.is_file()
-            )
-    return found
-
-
-def _loose_images(folder: Path) -> int:
-    with os.scandir(folder) as entries:
-        return sum(1 for e in entries if e.name.lower().endswith(_IMAGE_SUFFIXES) and e.is_file())
-
-
-def build_index(root: Path, *, origin: str = "") -> Arrays:
-    """Scan ``root/{train,val}/<wnid>/`` into ``classes``, ``{train,test}_names`` (file names as
-    bytes) and ``{train,test}_labels`` (int64), everything in sorted order."""
-    start = time.perf_counter()
-    listings = {split: _list_split(root / folder) for split, folder in _FOLDERS.items()}
-    classes = sorted(listings["train"])
-    if not classes:
-        raise DataError(f"imagenet: no class folders in {root / 'train'}; {_layout_help(root, origin)}")
-    if not listings["test"] and _loose_images(root / "val"):
-        raise DataError(
-            f"imagenet: {root / 'val'} holds images but no class folders: sort the validation images "
-            f"into one folder per wnid, as train/ (e.g. with the ILSVRC-2012 validation ground truth "
-            f"and the usual valprep.sh); {_layout_help(root, origin)}"
-        )
-    if sorted(listings["test"]) != classes:
-        only_train = sorted(set(classes) - set(listings["test"]))
-        only_val = sorted(set(listings["test"]) - set(classes))
-        raise DataError(
-            f"imagenet: train/ and val/ in {root} have different class folders: only in train/: "
-            f"{only_train[:5]}{' ...' if len(only_train) > 5 else ''} ({len(only_train)}), only in "
-            f"val/: {only_val[:5]}{' ...' if len(only_val) > 5 else ''} ({len(only_val)})"
-        )
-    arrays: Arrays = {"classes": np.array(classes, dtype=np.str_)}
-    for split, listing in listings.items():
-        empty = [name for name in classes if not listing[name]]
-        if empty:
-            raise DataError(
-                f"imagenet: {len(empty)} class folder(s) of {root / _FOLDERS[split]} hold no "
-                f"{'/'.join(_IMAGE_SUFFIXES)} images: {empty[:5]}{' ...' if len(empty) > 5 else ''}"
-            )
-        names = [os.fsencode(file) for name in classes for file in listing[name]]
-        arrays[f"{split}_names"] = np.array(names, dtype=np.bytes_)
-        arrays[f"{split}_labels"] = np.repeat(
-            np.arange(len(classes), dtype=np.int64), [len(listing[name]) for name in classes]
-        )
-    log.info(
-        "indexed %s: %d classes, %d train / %d val images in %.1f s",
-        root,
-        len(classes),
-        len(arrays["train_labels"]),
-        len(arrays["test_labels"]),
-        time.perf_counter() - start,
-    )
-    return arrays
-
-
-def check_index(arrays: Arrays) -> None:
-    """Raise ``DataError`` unless ``arrays`` has the structure ``build_index`` produces."""
-    classes = arrays.get("classes")
-    if classes is None or classes.ndim != 1 or classes.dtype.kind != "U" or len(classes) == 0:
-        raise DataError("imagenet index: no class names")
-    for split in _FOLDERS:
-        names, labels = arrays.get(f"{split}_names"), arrays.get(f"{split}_labels")
-        if names is None or labels is None or names.dtype.kind != "S" or labels.dtype != np.int64:
-            raise DataError(f"imagenet index: no {split} file names / int64 labels")
-        if names.shape != labels.shape or names.ndim != 1:
-            raise DataError(f"imagenet index: {split} names and labels differ in shape")
-        if len(labels) and (labels.min() < 0 or labels.max() >= len(classes)):
-            raise DataError(f"imagenet index: {split} labels outside [0, {len(classes)})")
-
-
-def _fingerprint(root: Path) -> str:
-    """Hash of the root path and the mtime of every split and class folder: a folder's mtime
-    changes when an entry is added, removed or renamed in it."""
-    digest = hashlib.sha256(str(root).encode())
-    for folder in _FOLDERS.values():
-        split_dir = root / folder
-        digest.update(f"\n{folder}:{split_dir.stat().st_mtime_ns}".encode())
-        with os.scandir(split_dir) as entries:
-            for entry in sorted(entries, key=lambda e: e.name):
-                if entry.is_dir():
-                    digest.update(f"\n{entry.name}:{entry.stat().st_mtime_ns}".encode())
-    return digest.hexdigest()[:16]
 
 
 # ----------------------------------------------------------------------------------- transforms
@@ -390,8 +282,8 @@ class ImageFolderSource:
         """The file list of ``root``, built once (across processes) and cached; memoized per process."""
         missing = [p for p in (root, root / "train", root / "val") if not p.is_dir()]
         if missing:
-            raise DataError(f"{self.name}: no folder {missing[0]}; {_layout_help(root, origin)}")
-        path = cache_root() / self.name / f"{self.name}-index-v1-{_fingerprint(root)}.npz"
+            raise DataError(f"{self.name}: no folder {missing[0]}; {layout_help(root, origin)}")
+        path = cache_root() / self.name / f"{self.name}-index-v1-{fingerprint(root)}.npz"
         if path not in _INDEXES:
             _INDEXES[path] = load_or_build(
                 path, build=lambda: build_index(root, origin=origin), check=check_index
@@ -445,7 +337,7 @@ class ImageFolderSource:
         )
         return ImageFolderDataset(
             info,
-            folder=folder / _FOLDERS[source],
+            folder=folder / SPLIT_FOLDERS[source],
             classes=tuple(str(c) for c in arrays["classes"].tolist()),
             names=names[order],
             labels=labels[order],

@@ -16,7 +16,8 @@ from .base import SPLITS, Dataset, DatasetSource
 from .cache import load_or_build
 from .cifar import JpegTarImageSource
 from .idx import IDX_FILES, IdxImageSource
-from .imagefolder import ILSVRC2012_COUNTS, IMAGENET_ENV, ImageFolderSource
+from .imagefolder import ILSVRC2012_COUNTS, ImageFolderSource
+from .imagefolder_index import IMAGENET_ENV
 from .integrity import check_sources
 from .text import CharTextSource, WordTextSource
 

@@ -17,7 +17,8 @@ A paper's own strategies live in its folder (sparse AxoNN's ``compact`` and ``pi
 from .base import DataParallel, LossFn, MethodNeeds, SyncStrategy
 from .detached import DEFOptions, DetachedEFDataParallel, check_def_options
 from .dgc import DGCDataParallel, DGCOptions, check_dgc_options
-from .sparse import SELECTORS, Partitions, SparseDataParallel, SparseOptions, check_sparse_options
+from .selectors import SELECTORS, Partitions
+from .sparse import SparseDataParallel, SparseOptions, check_sparse_options
 from .torch_hooks import TorchHookDataParallel, TorchHookOptions
 
 __all__ = [

@@ -17,7 +17,7 @@ from ..comm.stats import CommStats
 from ..comm.sync import GradientSync
 from ..compressors import build_compressor
 from ..compressors.base import Compressor, CompressorRNG, Payload
-from ..compressors.dgc import warmup_density
+from ..compressors.dgc_warmup import warmup_density
 from ..compressors.segments import SegmentDraws, Segments
 from ..feedback import MomentumCorrection
 from ..options import Options

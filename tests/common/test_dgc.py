@@ -10,7 +10,7 @@ import torch
 
 from common.comm import GradientSync
 from common.compressors import DGC, CompressorRNG, build_compressor
-from common.compressors.dgc import PAPER_WARMUP, warmup_density
+from common.compressors.dgc_warmup import PAPER_WARMUP, warmup_density
 from common.feedback import ErrorFeedback, MomentumCorrection
 from tests.distributed import run_ranks
 from tests.helpers import official_dgc

@@ -1,4 +1,5 @@
-"""ExDyna's partitions, threshold scaling and exclusive selection (common.strategies.sparse)."""
+"""ExDyna's partitions, threshold scaling and exclusive selection (common.strategies.selectors and
+common.strategies.sparse)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from torch import nn
 from common.config import RunConfig
 from common.methods import check_run
 from common.strategies import Partitions, SparseDataParallel, check_sparse_options
-from common.strategies.sparse import BLOCK_MULTIPLE, scale_threshold
+from common.strategies.selectors import BLOCK_MULTIPLE, scale_threshold
 from tests.distributed import run_ranks
 
 

@@ -10,7 +10,7 @@ import torch
 
 from common.comm import GradientSync
 from common.compressors import QSGD, CompressorRNG, build_compressor
-from common.compressors.qsgd import elias_omega_decode, elias_omega_encode, omega_words
+from common.compressors.elias import elias_omega_decode, elias_omega_encode, omega_words
 from kernels import unpack_bits
 from tests.distributed import run_ranks
 

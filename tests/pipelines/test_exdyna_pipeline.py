@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from common.paths import REPO_ROOT
-from common.strategies.sparse import BAND, SCALE_UP
+from common.strategies.selectors import BAND, SCALE_UP
 from harness.params import load_params
 from pipelines.train import resolve_config
 from tests.helpers.smoke_record import check_losses
