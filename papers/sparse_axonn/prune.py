@@ -47,13 +47,13 @@ from common.pruning import (
     pruned_nonzero,
     save_masks,
 )
-from common.tracking import Tracker, git_sha
+from common.tracking import Tracker, experiment_for, git_sha
 from common.verdict import plateau
 
 from .config import ScaleConfig
 from .memory import configurations
 from .model import batch, build_gpt2, evaluate, load_split, logits_of
-from .params import convergence, flatten, load_config, out_dir
+from .params import OUT, PIPELINE, convergence, flatten, load_config, out_dir
 from .sparse_state import CompactTraining, dense_optimizer
 
 log = logging.getLogger("sparse_axonn.prune")
@@ -335,7 +335,7 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as error:
         raise SystemExit(f"error: {error}") from None
     out = out_dir(args.out)
-    tracker = Tracker("sparse_axonn", "prune")
+    tracker = Tracker(experiment_for(PIPELINE, out, OUT), "prune")  # a hand run: scratch-sparse_axonn
     run_id = tracker.start(flatten(config.to_dict()), {"git_sha": git_sha(), "stage": "prune"})
     start = time.perf_counter()
     try:
