@@ -96,9 +96,9 @@ def loaded_git_sha() -> str:
 EXPERIMENT_KIND_TAG = ("mlflow.experimentKind", "custom_model_development")
 # The step through which every row of the run is in the store (set by a checkpoint's flush).
 LOGGED_THROUGH_TAG = "thinwire.logged_through"
-# Final values without a curve of their own go under this prefix: the UI puts metrics named
-# "<prefix>/<name>" in a chart section of their own, apart from the curves.
-SUMMARY_PREFIX = "summary/"
+# Final values without a curve of their own are tags "summary.<name>", not metrics: MLflow charts
+# every metric, a single value as a bar, and puts a "<prefix>/" section above the curves (3.17).
+SUMMARY_PREFIX = "summary."
 SCRATCH_PREFIX = "scratch-"
 
 
@@ -238,8 +238,7 @@ class Tracker:
         for key in run.data.metrics:
             steps = [m.step for m in client.get_metric_history(self.run_id, key)]
             self._stored_through[key] = max(steps, default=-1)
-            if not key.startswith(SUMMARY_PREFIX):
-                self._curve_keys.add(key)
+            self._curve_keys.add(key)
         logged = run.data.tags.get(LOGGED_THROUGH_TAG)
         if resume_step and (logged is None or int(logged) < resume_step):
             self.partial = True
@@ -258,18 +257,25 @@ class Tracker:
         self._curve_keys.update(metrics)
         self._queue(metrics, step)
 
-    def log_summary(self, values: Mapping[str, float], step: int) -> None:
-        """A run's final values. A key logged as a curve is not sent again (its last point is the
-        final value, and the runs table shows it); the others go as ``summary/<key>``, charted in a
-        section of their own, apart from the curves. Values that are not finite are left out."""
+    def log_summary(self, values: Mapping[str, float]) -> None:
+        """A run's final values, so that its charts are its curves. A key logged as a curve is not
+        sent again (its last point is the final value, shown in the runs table and searchable as
+        ``metrics.<key>``); the others become tags ``summary.<key>`` (the run's overview lists them;
+        the runs table can show them). Values that are not finite are left out."""
         if not self.enabled or self._client is None:
             return
-        summary = {
-            f"{SUMMARY_PREFIX}{k}": float(v)
+        from mlflow.entities import RunTag
+
+        summary = [
+            RunTag(f"{SUMMARY_PREFIX}{k}", repr(float(v)))
             for k, v in values.items()
             if k not in self._curve_keys and math.isfinite(float(v))
-        }
-        self._queue(summary, step)
+        ]
+        try:
+            with self._calling():
+                self._client.log_batch(self.run_id, tags=summary)
+        except Exception as error:
+            self._fail("log_batch", error)
 
     def _queue(self, metrics: Mapping[str, float], step: int) -> None:
         import time

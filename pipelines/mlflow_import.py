@@ -7,9 +7,9 @@ walks ``results/<pipeline>/``:
 
 - every training run (a folder with ``run.json`` and ``metrics.json``): its config as params, each
   CSV curve beside it (``train_curve.csv``, ``eval_curve.csv``, ``steps.csv``) as metric histories
-  by step, the values of ``metrics.json`` that no curve ends in as ``summary/<name>`` (a chart
-  section apart from the curves; a curve's last point is its final value), its tags and its small
-  files (json, csv, png, md) as artifacts. Tags: those ``run.json`` recorded; for a run that
+  by step, the values of ``metrics.json`` that no curve ends in as tags ``summary.<name>`` (a
+  curve's last point is its final value: the charts are the curves), its tags and its small files
+  (json, csv, png, md) as artifacts. Tags: those ``run.json`` recorded; for a run that
   predates recording them, ``stage`` (its run name), ``pipeline``, ``method``, ``world_size`` (its
   config) and ``scale`` and ``dvc_stage`` (the ``dvc.lock`` stage whose outputs hold it);
 - every evaluation (``evaluations/<group>/<run>/seed<k>.json``), nested under its training run;
@@ -151,10 +151,7 @@ def training_runs(
                 tags[key] = str(info[key])
         curves = _curves(folder)
         curve_keys = {key for key, *_ in curves}
-        last_step = max((step for _, _, step, _ in curves), default=int(final.get("steps", 0)))
-        summary: list[tuple[str, float, int, float | None]] = [
-            (f"{SUMMARY_PREFIX}{k}", v, last_step, None) for k, v in final.items() if k not in curve_keys
-        ]
+        tags |= {f"{SUMMARY_PREFIX}{k}": repr(v) for k, v in final.items() if k not in curve_keys}
         recorded = recorded_times(info)
         if recorded is not None:
             when = (*recorded, "run.json")
@@ -168,7 +165,7 @@ def training_runs(
             original_id=info.get("mlflow_run_id"),
             params={k: json.dumps(v) if isinstance(v, list) else str(v) for k, v in params.items()},
             tags=tags,
-            metrics=curves + summary,
+            metrics=curves,
             artifacts=sorted(p for p in folder.iterdir() if p.suffix in ARTIFACT_SUFFIXES),
             times=when,
         )

@@ -293,21 +293,24 @@ def test_sigterm_during_an_mlflow_call_waits_for_it(store):
 
 
 def test_final_values_with_a_curve_are_not_charted_twice(store):
-    """A final value whose key is a curve is that curve's last point (not sent again); the others
-    go under summary/, a chart section of their own; values that are not finite are left out."""
+    """The charts are the curves: a final value whose key is a curve is that curve's last point (not
+    sent again); the others are tags summary.<key>, not single-point charts; values that are not
+    finite are left out."""
     tracker = tracking.Tracker("faults", "r")
     tracker.start({}, {})
     try:
         tracker.log_metrics({"train_loss": 2.0, "test_accuracy": 0.5}, 10)
         tracker.log_metrics({"train_loss": 1.0, "test_accuracy": 0.8}, 20)
         tracker.log_summary(
-            {"train_loss": 1.0, "test_accuracy": 0.8, "compression_factor": 32.0, "loss_scale": float("inf")},
-            20,
+            {"train_loss": 1.0, "test_accuracy": 0.8, "compression_factor": 32.5, "loss_scale": float("inf")}
         )
     finally:
         tracker.finish()
-    metrics = store.get_run(tracker.run_id).data.metrics
-    assert metrics == {"train_loss": 1.0, "test_accuracy": 0.8, "summary/compression_factor": 32.0}
+    run = store.get_run(tracker.run_id)
+    assert run.data.metrics == {"train_loss": 1.0, "test_accuracy": 0.8}
+    assert {k: v for k, v in run.data.tags.items() if k.startswith("summary.")} == {
+        "summary.compression_factor": "32.5"
+    }
 
 
 def test_a_hand_run_has_an_experiment_of_its_own(tmp_path):
