@@ -16,7 +16,7 @@ export HF_HUB_OFFLINE := 1
 # DVC stages call `python`, `torchrun` and `dvc`: the venv's.
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: setup style test lint repro mlflow clean-results
+.PHONY: setup style test lint repro mlflow mlflow-ui clean-results
 
 setup: $(STAMP)
 
@@ -60,6 +60,10 @@ repro: $(STAMP)
 	$(VENV)/bin/dvc repro --allow-missing
 
 # Load every committed run (results/) into the local MLflow store and check that every run id the
-# summary quotes is there; then: mlflow ui (see README).
+# summary quotes is there; then: make mlflow-ui (see README).
 mlflow: $(STAMP)
 	$(PY) -m pipelines.mlflow_import --verify results/summary.md
+
+# The MLflow UI on that store, opening in the model-training view: http://127.0.0.1:5000
+mlflow-ui: $(STAMP)
+	$(PY) -m pipelines.mlflow_ui

@@ -5,7 +5,8 @@
 reads ``results/<pipeline>/runs/<group>/<run>/seed<k>/run.json`` and the ``model.pt`` it points to
 (under ``artifacts/``, git-ignored: the model as the training run last evaluated it), rebuilds each model in this process, evaluates it on its
 data set's entire test split and writes ``results/<pipeline>/evaluations/<group>/<run>/seed<k>.json``.
-Each evaluation is its own MLflow run in the pipeline's experiment, named ``<run>-seed<k>-evaluate``,
+Each evaluation is its own MLflow run in its training runs' experiment (the pipeline's, or
+``scratch-<pipeline>`` for a ``--root`` outside ``results/``), named ``<run>-seed<k>-evaluate``,
 nested under its training run (``mlflow.parentRunId``) and tagged with that run's id, so the
 training curve and the final measurement sit side by side in the UI.
 
@@ -24,10 +25,10 @@ from collections.abc import Collection
 from pathlib import Path
 
 from common.fileio import atomic_write_json
-from common.tracking import Tracker, git_sha
+from common.tracking import Tracker, experiment_for, git_sha
 from common.train import MODEL_FILE, evaluate_trained, trained_model_file
 from harness.entry import quiet_environment, setup_logging
-from harness.folders import RESULTS_DIR
+from harness.folders import RESULTS_DIR, pipeline_name
 from harness.params import load_params
 
 
@@ -88,7 +89,7 @@ def evaluate_group(
             "git_sha": sha,
         }
         name = f"{run}-{seed}-evaluate"
-        tracker = Tracker(pipeline, name, enabled=track)
+        tracker = Tracker(experiment_for(pipeline_name(pipeline), root, RESULTS_DIR), name, enabled=track)
         tags = {"stage": "evaluate", "group": group, "method": run, "git_sha": sha}
         if info.get("mlflow_run_id"):
             tags |= {"training_run_id": info["mlflow_run_id"], "mlflow.parentRunId": info["mlflow_run_id"]}

@@ -3,7 +3,8 @@
     torchrun --standalone --nproc_per_node 4 -m pipelines.train baseline fp32
 
 Writes ``scratch/<pipeline>/<run>/`` (metrics.json, curves, plot.png, run.json, ckpt/) and logs
-to MLflow (experiment = pipeline, run name = run). The launcher may redirect both through the
+to MLflow (run name = run; experiment = pipeline for a run under ``results/``, a DVC stage's, and
+``scratch-<pipeline>`` for any other folder: a hand run never lands among a release's runs). The launcher may redirect both through the
 environment (``THINWIRE_OUT_DIR``, ``THINWIRE_RUN_NAME``): torchrun would mistake options after
 the module name for its own.
 """
@@ -20,9 +21,10 @@ from typing import Any
 
 from common.config import RunConfig, check_stop_at
 from common.distributed import init_from_env, shutdown
+from common.tracking import experiment_for
 from common.train import StepInfo, train
 from harness.entry import quiet_environment, setup_logging
-from harness.folders import artifacts_for, pipeline_name, scratch_dir
+from harness.folders import RESULTS_DIR, artifacts_for, pipeline_name, scratch_dir
 from harness.params import load_params
 from pipelines.common import inputs_dir, run_config, run_stage
 from pipelines.failures import recorded
@@ -172,7 +174,7 @@ def _run(args: argparse.Namespace, rank: int) -> None:
         for repeat_method, repeat_config, repeat_dir, repeat_name in repeats:
             callbacks = [progress_bar()] if ctx.is_main else []
             arguments: dict[str, Any] = {
-                "experiment": pipeline_name(args.pipeline),
+                "experiment": experiment_for(pipeline_name(args.pipeline), repeat_dir, RESULTS_DIR),
                 "run_name": repeat_name,
                 "tags": {"scale": scale, "pipeline": pipeline_name(args.pipeline), "method": repeat_method},
                 "callbacks": callbacks,

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from common.fileio import atomic_write_json
-from common.tracking import Tracker, git_sha
+from common.tracking import Tracker, experiment_for, git_sha
 
 from .config import ScaleConfig
 from .model import build_gpt2, evaluate, load_split
@@ -77,7 +77,7 @@ def evaluate_models(root: Path, *, track: bool = True) -> list[dict[str, Any]]:
             row[f"{split}_loss"] = result["loss"]
             row[f"{split}_perplexity"] = result["perplexity"]
             row[f"{split}_windows"] = len(data)
-        tracker = Tracker(PIPELINE, f"{name}-evaluate", enabled=track)
+        tracker = Tracker(experiment_for(PIPELINE, root, OUT), f"{name}-evaluate", enabled=track)
         tags = {"stage": "evaluate", "model": name, "git_sha": sha}
         if record.get("mlflow_run_id"):
             tags |= {

@@ -39,14 +39,14 @@ from torch import Tensor, nn
 from common.comm import CommStats
 from common.distributed import seed_everything
 from common.fileio import atomic_write, atomic_write_json, atomic_write_text
-from common.tracking import Tracker, git_sha
+from common.tracking import Tracker, experiment_for, git_sha
 from harness.verdict import plateau
 
 from .compact import CompactTraining
 from .config import ScaleConfig
 from .memory import configurations
 from .model import batch, build_gpt2, evaluate, load_split, logits_of
-from .params import convergence, flatten, load_config, out_dir
+from .params import OUT, PIPELINE, convergence, flatten, load_config, out_dir
 from .pruning import (
     apply_masks,
     magnitude_masks,
@@ -336,7 +336,7 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as error:
         raise SystemExit(f"error: {error}") from None
     out = out_dir(args.out)
-    tracker = Tracker("sparse_axonn", "prune")
+    tracker = Tracker(experiment_for(PIPELINE, out, OUT), "prune")  # a hand run: scratch-sparse_axonn
     run_id = tracker.start(flatten(config.to_dict()), {"git_sha": git_sha(), "stage": "prune"})
     start = time.perf_counter()
     try:

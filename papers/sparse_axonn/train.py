@@ -441,7 +441,7 @@ def _finish(
         "sparse_axonn", name, run_id=info["mlflow_run_id"], enabled=info["mlflow_run_id"] is not None
     )
     tracker.start({}, {"grid": grid})
-    tracker.log_metrics({f"final_{k}": float(v) for k, v in metrics.items()}, step=len(rows))
+    tracker.log_summary(metrics)
     for file in ("metrics.json", "ranks.json", "steps.csv", "run.json"):
         tracker.log_artifact(folder / file)
     tracker.finish()
