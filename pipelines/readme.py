@@ -3,15 +3,16 @@
     python -m pipelines.readme            # rewrite every generated block from results/
     python -m pipelines.readme --check    # exit 1, naming each stale block, if any differs
 
-A generated block in ``README.md`` or ``papers/<paper>/README.md`` is a section of a report,
-between two markers::
+A generated block in ``README.md``, ``docs/*.md`` or ``papers/<paper>/README.md`` is a section of a
+committed report or benchmark result (any markdown file of the repository), between two markers::
 
     <!-- from results/terngrad/report.md "## Claims" -->
     ... (written by this module: a line naming the source, then the section's body) ...
     <!-- end -->
 
 The body is everything under that heading up to the next heading of its level or above, its own
-sub-headings moved to sit below the README heading the block is under. ``tests/test_readme.py``
+sub-headings moved to sit below the README heading the block is under, and its relative links and
+images pointed at the same files from the README's folder. ``tests/test_readme.py``
 fails when a README's block differs from what the committed reports give, so a rerun that changes a
 result cannot leave an old number in a README.
 """
@@ -32,8 +33,32 @@ END = "<!-- end -->"
 HEADING = re.compile(r"^(#+) ")
 
 
+LINK = re.compile(r"(!?\[[^\]]*\])\(([^)\s]+)\)")
+"""A markdown link or image, ``[text](target)`` / ``![alt](target)``."""
+
+
 def readmes(root: Path = REPO_ROOT) -> list[Path]:
-    return [root / "README.md", *sorted((root / "papers").glob("*/README.md"))]
+    """Every page that may hold generated blocks: the landing page, the user guide, the papers'."""
+    return [
+        root / "README.md",
+        *sorted((root / "docs").glob("*.md")),
+        *sorted((root / "papers").glob("*/README.md")),
+    ]
+
+
+def relink(line: str, source: Path, readme: Path) -> str:
+    """``line`` with each relative link target (written from ``source``'s folder) rewritten to point
+    at the same file from ``readme``'s folder; web links and anchors are kept as they are."""
+
+    def move(match: re.Match[str]) -> str:
+        target = match.group(2)
+        if re.match(r"^([a-z][a-z0-9+.-]*:|#|/)", target):
+            return match.group(0)
+        path, hash_, anchor = target.partition("#")
+        moved = os.path.relpath(source.parent / path, readme.parent)
+        return f"{match.group(1)}({moved}{hash_}{anchor})"
+
+    return LINK.sub(move, line)
 
 
 def section(source: Path, heading: str) -> tuple[int, list[str]]:
@@ -78,7 +103,7 @@ def render(readme: Path, source_name: str, heading: str, under: int, root: Path)
         if match:
             depth = len(match.group(1)) - level  # 1 for the section's direct sub-headings
             line = "#" * min(6, under + depth) + line[len(match.group(1)) :]
-        out.append(line)
+        out.append(relink(line, source, readme))
     return out
 
 

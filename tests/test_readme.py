@@ -71,5 +71,24 @@ def test_bad_markers_say_what_is_wrong(repo):
         readme.regenerate(page, repo)
 
 
+def test_a_block_in_docs_points_its_links_at_the_reports_files(repo):
+    (repo / "results" / "paper" / "report.md").write_text(
+        "# Paper\n\n## Curves\n\n![curves](curves.png) [run](runs/a/run.json#L2), "
+        "[web](https://example.org/x.png), [here](#curves), `[not](a link)` stays\n"
+    )
+    (repo / "docs").mkdir()
+    page = repo / "docs" / "guide.md"
+    page.write_text('## Results\n\n<!-- from results/paper/report.md "## Curves" -->\n<!-- end -->\n')
+    assert readme.readmes(repo) == [repo / "README.md", page]  # those that exist, docs/ among them
+    assert readme.stale(repo) == [page]
+    text = readme.regenerate(page, repo)
+    assert text.splitlines()[-2] == (
+        "![curves](../results/paper/curves.png) [run](../results/paper/runs/a/run.json#L2), "
+        "[web](https://example.org/x.png), [here](#curves), `[not](a link)` stays"
+    )
+    page.write_text(text)
+    assert readme.stale(repo) == []
+
+
 def test_the_repositorys_readmes_match_the_committed_reports():
     assert readme.stale() == [], "run `python -m pipelines.readme` after the report stages"

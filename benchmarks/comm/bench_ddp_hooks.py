@@ -17,7 +17,7 @@ DDP's default buckets, "Received data size doesn't match expected size", issue 2
   1 % through ``install_ddp_hook`` (``*_fused``: with ``fused_rng``, the noise drawn inside the
   quantizing kernel), and DGC's whole step at 0.1 % (``DGCDataParallel.install``: its hook and its
   SGD), no PyTorch counterpart. All on a CPU's default route, per tensor with the compiled kernels
-  (the fused route, CUDA's default, costs a CPU 1.4-40x more per reduction: see the README).
+  (the fused route, CUDA's default, costs a CPU 1.4-40x more per reduction: see docs/benchmarks.md).
 
 After warm-up (which runs torch's PowerSGD past its two plain all-reduces) the variants take turns
 step by step, in an order rotated every cycle, so that load from other processes falls on all
