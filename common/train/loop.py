@@ -197,13 +197,13 @@ def _log_step(plan: StepPlan, state: RunState, tracker: Tracker, epoch: int) -> 
         dist.all_reduce(window)  # instrumentation: not counted in CommStats
     state.settle()  # after the all-reduce: a rank that raises here does not leave the others waiting
     mean_loss = float(window[0] / window[1])
-    if float(window[2]) > 0:
-        raise FloatingPointError(
-            f"a gradient or the training loss became NaN or inf on another rank by step {state.step}"
-        )
     if not math.isfinite(mean_loss):
         raise FloatingPointError(
             f"training loss became {mean_loss} on another rank by step {state.step}: lower lr"
+        )
+    if float(window[2]) > 0:
+        raise FloatingPointError(
+            f"a gradient or the training loss became NaN or inf on another rank by step {state.step}"
         )
     state.window_loss.zero_()
     state.window_steps = 0

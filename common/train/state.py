@@ -78,17 +78,16 @@ class RunState:
         """Read what the steps left on the device: NonFiniteGradient naming the first step and
         tensor whose gradient was not finite, FloatingPointError naming the first step whose loss was
         not finite (before anything is logged or checkpointed as good), then the steps' times."""
-        bad_grad = int(self.first_bad_grad_step)
+        bad_grad, bad_step = int(self.first_bad_grad_step), int(self.first_bad_step)
+        if bad_step and (not bad_grad or bad_step <= bad_grad):  # the loss went first: name it
+            raise FloatingPointError(
+                f"training loss became {float(self.first_bad_loss)} at step {bad_step}: lower lr"
+            )
         if bad_grad:
             name = self.grad_names[int(self.first_bad_grad_index)]
             raise NonFiniteGradient(
                 f"gradient of {name} is not finite at step {bad_grad}: lower lr, clip gradients "
                 f"(grad_clip_norm), or look for a NaN or inf in the data or the loss"
-            )
-        bad_step = int(self.first_bad_step)
-        if bad_step:
-            raise FloatingPointError(
-                f"training loss became {float(self.first_bad_loss)} at step {bad_step}: lower lr"
             )
         self.non_comm.extend(self.step_times.take())
 
