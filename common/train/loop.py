@@ -57,6 +57,7 @@ def run_steps(
     plan = loop.plan
 
     def checkpoint(complete: bool = False) -> None:
+        tracker.flush(through_step=state.step)  # first: the checkpoint records whether that failed
         checkpointer.save(state.step, checkpoint_state(plan, state, tracker.partial), complete=complete)
 
     plan.model.train()

@@ -8,7 +8,9 @@ import io
 import json
 import math
 import os
+import time
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +97,7 @@ def run_info(
     *,
     git_sha: str,
     out_dir: Path,
+    tags: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """``run.json``: how to find the run again (MLflow id, git sha, config) and what it ran on."""
     stats = loop.plan.strategy.stats
@@ -114,6 +117,9 @@ def run_info(
         "tracking": tracker.state,
         # the steps a restarted run resumed from (empty: it ran through in one go)
         "resumed_at": state.resumed_at,
+        "tags": tags or {},  # what the MLflow run was tagged with (an import of run.json restores them)
+        "started_at": _utc(state.started_at),
+        "ended_at": _utc(time.time()),
     }
     if loop.artifacts_dir != out_dir:  # model.pt and ckpt/ elsewhere: where, from this folder
         info["artifacts"] = os.path.relpath(loop.artifacts_dir, out_dir)
@@ -137,7 +143,7 @@ def write_outputs(
     plot_curves({run_name: (state.train_rows, state.eval_rows)}, out_dir / "plot.png", title=title)
     atomic_write_json(out_dir / "metrics.json", {k: _json_number(v) for k, v in metrics.items()})
     atomic_write_json(out_dir / "run.json", info)
-    tracker.log_metrics({f"final_{k}": v for k, v in metrics.items() if math.isfinite(v)}, state.step)
+    tracker.log_summary(metrics)  # final values that no curve ends in: tags summary.<key>
     for name in ("metrics.json", "plot.png", "train_curve.csv", "eval_curve.csv", "run.json"):
         tracker.log_artifact(out_dir / name)
     tracker.finish("FINISHED")
@@ -157,3 +163,8 @@ def _csv(rows: Sequence[dict[str, Any]]) -> str:
 
 def _json_number(value: float) -> float | None:
     return value if math.isfinite(value) else None
+
+
+def _utc(seconds: float) -> str:
+    """Unix ``seconds`` as ISO 8601 in UTC, to the second."""
+    return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="seconds")

@@ -77,6 +77,27 @@ def train(
     precision = compute_precision(config, ctx.device)
     loop = build_loop(config, ctx, strategy, data, precision, artifacts_dir=artifacts)
     state = RunState(ctx.device)
+    checkpointer = _resumed(config, ctx, loop, state)
+    all_tags = _run_tags(config, ctx, precision, run_name, tags)
+    tracker = _start_tracking(config, ctx, state, experiment, run_name, all_tags)
+    try:
+        run_steps(loop, state, checkpointer, tracker, callbacks)
+    except BaseException as error:
+        tracker.finish("KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
+        if is_collective_timeout(error):
+            _log_timeout(ctx, config.collective_timeout_s, state.step + 1, error)
+        raise
+    metrics = final_metrics(loop, state, epochs=config.epochs)
+    if ctx.is_main:
+        sha = all_tags["git_sha"]
+        info = run_info(config, precision, loop, state, tracker, git_sha=sha, out_dir=out_dir, tags=all_tags)
+        title = f"{experiment or ''} {run_name}"
+        write_outputs(out_dir, state, metrics, info, tracker, title=title, run_name=run_name)
+    return metrics
+
+
+def _resumed(config: RunConfig, ctx: DistContext, loop: Loop, state: RunState) -> Checkpointer:
+    """The run's checkpointer, ``state`` restored from its last checkpoint verified on every rank."""
     checkpointer = Checkpointer(
         loop.artifacts_dir / "ckpt",
         config.fingerprint(),
@@ -84,24 +105,10 @@ def train(
         world_size=ctx.world_size,
         keep=config.keep_checkpoints,
     )
-    resume_step = checkpointer.resume_step()  # verified on every rank
+    resume_step = checkpointer.resume_step()
     if resume_step is not None:
         restore(loop.plan, state, checkpointer.load(resume_step))
-    all_tags = _run_tags(config, ctx, precision, run_name, tags)
-    tracker = _start_tracking(config, ctx, state, experiment, run_name, all_tags)
-    try:
-        run_steps(loop, state, checkpointer, tracker, callbacks)
-    except BaseException as error:
-        tracker.finish("FAILED")
-        if is_collective_timeout(error):
-            _log_timeout(ctx, config.collective_timeout_s, state.step + 1, error)
-        raise
-    metrics = final_metrics(loop, state, epochs=config.epochs)
-    if ctx.is_main:
-        info = run_info(config, precision, loop, state, tracker, git_sha=all_tags["git_sha"], out_dir=out_dir)
-        title = f"{experiment or ''} {run_name}"
-        write_outputs(out_dir, state, metrics, info, tracker, title=title, run_name=run_name)
-    return metrics
+    return checkpointer
 
 
 def build_loop(
@@ -239,7 +246,10 @@ def _start_tracking(
     )
     tracker.partial = state.tracking_partial
     if ctx.is_main:
-        tracker.start(_flat_params(config), tags)
+        # a resumed run's rows up to its checkpoint are in the store already (or it is partial)
+        tracker.start(
+            _flat_params(config), tags, resume_step=state.step if state.run_id is not None else None
+        )
         state.run_id = tracker.run_id  # kept from the checkpoint when a resumed run cannot reach the server
     barrier()
     return tracker

@@ -3,6 +3,7 @@ on the device, and the checkpoint that holds them with the components' own state
 
 from __future__ import annotations
 
+import time
 from dataclasses import InitVar, dataclass, field
 from typing import Any
 
@@ -29,6 +30,7 @@ class RunState:
     tracking_partial: bool = False  # a previous attempt lost its tracking mid-run
     stopped: bool = False  # stop_at reached (a time-to-target run ends at that evaluation)
     resumed_at: list[int] = field(default_factory=list)  # the steps this run was resumed from (restarts)
+    started_at: float = field(default_factory=time.time)  # unix seconds of its first start (kept on resume)
     step_seconds: float = 0.0  # the last step's time (StepInfo.seconds)
     # On the device, read at log steps and checkpoints only (no host read inside a step): the loss
     # sum since the last log, the first step whose loss was not finite (0: none) and that loss.
@@ -110,6 +112,7 @@ def checkpoint_state(plan: StepPlan, state: RunState, tracking_partial: bool) ->
         "mlflow_run_id": state.run_id,
         "tracking_partial": tracking_partial,
         "resumed_at": state.resumed_at,
+        "started_at": state.started_at,
         "loss_scale": plan.loss_scaler.state_dict() if plan.loss_scaler is not None else None,
     }
 
@@ -131,3 +134,4 @@ def restore(plan: StepPlan, state: RunState, saved: dict[str, Any]) -> None:
     state.run_id = saved["mlflow_run_id"]
     state.tracking_partial = bool(saved.get("tracking_partial", False))
     state.resumed_at = [*saved.get("resumed_at", []), state.step]
+    state.started_at = float(saved.get("started_at", state.started_at))
