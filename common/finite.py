@@ -1,8 +1,8 @@
 """A NaN or inf gradient stops the run, naming the tensor, without a host read on a GPU.
 
-A check is one device flag: finite(flag) over the tensors (``torch._foreach_norm``, or one sum of a
-flat bucket: a NaN or inf propagates into either), handed to ``torch._assert_async``. On a CPU
-the assertion is a plain check, and the error path (only) looks at the tensors to name the first
+A check is one device flag, whether the fp32 sum of a flat bucket is finite (a NaN or inf
+propagates into it), handed to ``torch._assert_async`` (the training loop records per-tensor norms
+instead: ``RunState.add_gradient_check``). On a CPU the assertion is a plain check, and the error path (only) looks at the tensors to name the first
 one that is not finite; on a GPU nothing waits: the device raises at its next synchronisation,
 with the message written here (the tensors' names known on the host), as torchtitan's checks do.
 """
@@ -39,22 +39,16 @@ class NonFiniteGradient(FloatingPointError):
     """A gradient held a NaN or inf (a restart would fail the same way: not retried)."""
 
 
-def all_finite(tensors: Sequence[Tensor]) -> Tensor:
-    """A 0-dim bool tensor on the tensors' device: every entry of every tensor is finite."""
-    norms = torch._foreach_norm(list(tensors))
-    return torch.stack(norms).isfinite().all()
-
-
 def flat_finite(flat: Tensor) -> Tensor:
-    """``all_finite([flat])`` in one pass: the fp32 sum of a bucket is not finite exactly when an
-    entry is not (an fp32 sum of gradients does not overflow)."""
+    """Whether every entry of ``flat`` is finite, in one pass: the fp32 sum of a bucket is not
+    finite exactly when an entry is not (an fp32 sum of gradients does not overflow)."""
     return flat.sum(dtype=torch.float32).isfinite()
 
 
 def assert_finite(
     flag: Tensor, names: Sequence[str], tensors: Sequence[Tensor] | Callable[[], Sequence[Tensor]], where: str
 ) -> None:
-    """Stop with :class:`NonFiniteGradient` unless ``flag`` (from :func:`all_finite`) is true.
+    """Stop with :class:`NonFiniteGradient` unless ``flag`` (from :func:`flat_finite`) is true.
 
     ``where`` says when (e.g. "at step 12"). On a GPU the assertion is asynchronous and names
     the tensors the flag covers; on a CPU the error names the first tensor that is not finite
