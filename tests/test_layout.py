@@ -202,3 +202,21 @@ def test_gradient_syncs_routes_never_import_sync():
 def test_harness_and_papers_import_no_circle():
     assert _circles("harness") == []
     assert _circles("papers") == []
+
+
+def test_library_tests_mirror_the_library():
+    """tests/common/<pkg>/ tests common/<pkg>/; a module at tests/common/ tests a module at common/.
+
+    A test folder that names no package of the library (a typo, a package that moved) fails here,
+    and no library test imports a paper, the harness or a pipeline.
+    """
+    tests_root = REPO_ROOT / "tests" / "common"
+    folders = sorted(p.name for p in tests_root.iterdir() if p.is_dir() and p.name != "__pycache__")
+    missing = [name for name in folders if not (REPO_ROOT / "common" / name / "__init__.py").is_file()]
+    assert missing == [], f"tests/common/ folders with no common/<folder>/ package: {missing}"
+    offenders = [
+        f"{path.relative_to(REPO_ROOT)} imports {sorted(bad)}"
+        for path in sorted(tests_root.rglob("*.py"))
+        if (bad := _imports(path) & {"papers", "harness", "pipelines"})
+    ]
+    assert offenders == []

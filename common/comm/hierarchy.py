@@ -13,7 +13,7 @@ the host's other ranks send their gradient once, densely, to the leader and rece
 Ranks are grouped as torchrun numbers them on ``--nnodes H --nproc_per_node G``: host h holds
 global ranks h G .. h G + G - 1 (``LOCAL_WORLD_SIZE`` = G). With the identity compressor the result is
 the flat all-reduce's mean up to the order of the fp32 additions (exactly equal on integer values:
-``tests/common/test_hierarchy.py``).
+``tests/common/comm/test_hierarchy.py``).
 
 Bits per link class: the GradientSync's ``stats`` count what the leaders send between hosts;
 ``HostHierarchy.stats`` what every rank sends inside its host (``host_reduce`` on the non-leaders,

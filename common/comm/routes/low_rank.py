@@ -29,7 +29,7 @@ checkpoint was loaded).
 
 Arithmetic: every product is a ``bmm``, a unit alone being a batch of one, as in PyTorch's hook
 batched or not; the orthogonalization is the hook's, over the batch. The results are those of its
-hook with ``batch_tensors_with_same_shape=True`` to the last bit (tests/common/test_powersgd.py,
+hook with ``batch_tensors_with_same_shape=True`` to the last bit (tests/common/comm/test_powersgd.py,
 ranks 1 to 3). A matrix's result depends on the batch it is in in two cases found on CPU (torch
 2.14, one thread), in the last bits; PyTorch's per-tensor hook differs from its batched one in the
 same ways. At rank 1, M Q of a matrix alone is a matrix-vector product, in a batch a batched gemm

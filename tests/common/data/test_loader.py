@@ -8,7 +8,7 @@ import torch
 from common.data import epoch_batches, load_dataset
 from common.data.loader import epoch_loader
 from common.methods import checked_config
-from tests.common.test_imagefolder import tree  # noqa: F401  (the fixture: a small ILSVRC-like folder)
+from tests.common.data.test_imagefolder import tree  # noqa: F401  (the fixture: a small ILSVRC-like folder)
 
 
 def _batches(n: int, batch: int, epoch: int) -> list[torch.Tensor]:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from common.loss_scale import LossScaler
-from tests.common.test_train import _train_ranks
+from tests.common.train.test_train import _train_ranks
 from tests.distributed import run_ranks
 
 

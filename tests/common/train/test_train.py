@@ -14,11 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from common.distributed import DistContext
+from common.distributed import RESTART_SAFE_ENV, DistContext
 from common.methods import checked_config
 from common.paths import REPO_ROOT
 from common.train import StepInfo, train
-from pipelines.launch import RESTART_SAFE_ENV
 from tests.distributed import run_ranks
 from tests.helpers.processes import run_group
 from tests.helpers.train_once import CONFIG
