@@ -174,17 +174,6 @@ def test_every_key_refuses_a_wrong_type_by_name(name, value):
     assert repr(value) in str(error.value)
 
 
-def test_a_wrong_type_names_the_run_and_the_params_file(monkeypatch):
-    import pipelines.common
-
-    monkeypatch.setattr(pipelines.common, "run_values", lambda *args: {"momentum": "0.9"})
-    with pytest.raises(
-        ValueError,
-        match=r"^pipelines/baseline/params.yaml, run 'fp32': momentum must be a number in \[0, 1\)",
-    ):
-        pipelines.common.run_config("baseline", "fp32")
-
-
 @pytest.mark.parametrize(
     "values, message",
     [
