@@ -24,7 +24,6 @@ import logging
 import math
 import os
 import signal
-import subprocess
 import threading
 import urllib.error
 import urllib.request
@@ -33,60 +32,25 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from .code_version import CODE_PATHS, git_sha, loaded_git_sha
 from .paths import REPO_ROOT
 
 log = logging.getLogger(__name__)
 
+# Re-exported: callers record the code version beside the tracking they set up.
+__all__ = [
+    "CODE_PATHS",
+    "Tracker",
+    "ensure_experiment",
+    "experiment_for",
+    "git_sha",
+    "loaded_git_sha",
+    "tracking_uri",
+]
+
 
 def tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{REPO_ROOT / 'mlflow.db'}"
-
-
-CODE_PATHS = ("common", "kernels", "harness", "papers", "pipelines", "pyproject.toml", "requirements.txt")
-
-
-def git_sha() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10
-        )
-        sha = out.stdout.strip() or "unknown"
-        dirty = subprocess.run(
-            # Dirty means the code differs from the commit; outputs (results/, dvc.lock files that
-            # a running pipeline rewrites) and documentation (READMEs edited during a run) do not.
-            [
-                "git",
-                "status",
-                "--porcelain",
-                "--untracked-files=no",
-                "--",
-                *CODE_PATHS,
-                ":(exclude)*.lock",
-                ":(exclude)*.md",
-            ],
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-        return f"{sha}-dirty" if dirty and sha != "unknown" else sha
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-_LOADED_SHA: str | None = None
-
-
-def loaded_git_sha() -> str:
-    """:func:`git_sha` when this process first asks: the commit of the code it loaded. A launch
-    trains its runs one after the other in the same ranks; if a commit lands (or the tree is
-    edited) meanwhile, the later runs still run the code the ranks imported, and record its sha, not
-    the one HEAD has moved to (at git 4b9ec5d a launch's runs recorded 4 commits and a -dirty for
-    the one set of code they ran)."""
-    global _LOADED_SHA
-    if _LOADED_SHA is None:
-        _LOADED_SHA = git_sha()
-    return _LOADED_SHA
 
 
 # The experiment's kind: "custom_model_development" is the model-training view (runs, metrics,
