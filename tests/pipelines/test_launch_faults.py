@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 
 from common.paths import REPO_ROOT
-from pipelines.failures import EXIT_NO_RETRY
+from harness.failures import EXIT_NO_RETRY
 from tests.helpers import faulty_stage
 from tests.helpers.mlflow_store import fresh_store
 from tests.helpers.mounts import read_only_folder, tmpfs
