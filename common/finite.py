@@ -39,6 +39,11 @@ class NonFiniteGradient(FloatingPointError):
     """A gradient held a NaN or inf (a restart would fail the same way: not retried)."""
 
 
+class NonFiniteMetric(FloatingPointError):
+    """A run's last evaluation gave a NaN or inf (raised once its outputs are written; a restart
+    would end the same way: not retried)."""
+
+
 def flat_finite(flat: Tensor) -> Tensor:
     """Whether every entry of ``flat`` is finite, in one pass: the fp32 sum of a bucket is not
     finite exactly when an entry is not (an fp32 sum of gradients does not overflow)."""

@@ -45,7 +45,9 @@ from dataclasses import dataclass
 
 from common.distributed import LAUNCHER_PID_ENV, RESTART_SAFE_ENV, kill_with_parent
 
+from . import failures
 from .costmodel import parse_rate as parse_rate  # re-exported for the launcher
+from .failures import EXIT_NO_RETRY
 
 log = logging.getLogger(__name__)
 
@@ -342,6 +344,25 @@ def _stop(processes: Sequence[subprocess.Popen[bytes]], grace: float = 10.0) -> 
             process.wait()
 
 
+def _wait(processes: Sequence[subprocess.Popen[bytes]], poll_seconds: float) -> dict[int, int]:
+    """Poll until every process has ended with 0 (returns {}) or one has failed: then the exit codes
+    of those that have failed by now, by position (negative: a signal)."""
+    import time
+
+    while True:
+        codes = [process.poll() for process in processes]
+        failed = {i: code for i, code in enumerate(codes) if code is not None and code != 0}
+        if failed:
+            return failed
+        if all(code == 0 for code in codes):
+            return {}
+        time.sleep(poll_seconds)
+
+
+def _exit_text(code: int) -> str:
+    return f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+
+
 def run_workers(
     network: VirtualNetwork,
     argv: Sequence[str],
@@ -351,59 +372,96 @@ def run_workers(
     master_port: int = 29500,
     poll_seconds: float = 0.2,
 ) -> int:
-    """Run ``argv`` once per rank, each inside its namespace; return 0 or the first failure's code.
+    """Run ``argv`` once per rank, each inside its namespace; return 0 or the failure's code.
 
     Like torchrun's agent: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT are set; if any
     worker fails, all are stopped and, up to ``max_restarts`` times, all are started again (with
-    TORCHELASTIC_RESTART_COUNT set; training resumes from its last checkpoint). Every worker is
-    stopped on every exit path: failure, Ctrl-C and SIGTERM. The network itself is the caller's.
+    TORCHELASTIC_RESTART_COUNT set; training resumes from its last checkpoint), unless the failure
+    is one a restart cannot fix (:mod:`harness.failures`: a rank exited with
+    :data:`~harness.failures.EXIT_NO_RETRY`, or recorded such a cause in ``$THINWIRE_FAILURES_DIR``,
+    a temporary folder where the environment names none): then the run ends at once, returning
+    ``EXIT_NO_RETRY``. Every worker is stopped on every exit path: failure, Ctrl-C and SIGTERM. The
+    network itself is the caller's.
     """
-    import time
-
     if not network.is_up:
         raise NetemError("the virtual network is not up: use `with VirtualNetwork(...) as net:`")
+    base_env = {**os.environ, **(env or {})}
+    with failures.records_folder(base_env) as folder:
+
+        def start(attempt: int) -> list[subprocess.Popen[bytes]]:
+            rank_env = {**base_env, failures.FAILURES_ENV: folder}
+            port = master_port + attempt  # a fresh port: no TIME_WAIT surprises
+            return [
+                _start_worker(network, r, argv, rank_env, port, attempt) for r in range(network.world_size)
+            ]
+
+        return _restart_loop(
+            start, max_restarts, folder, poll_seconds, name=lambda rank: f"rank {rank}", what="worker"
+        )
+
+
+def _restart_loop(
+    start: Callable[[int], list[subprocess.Popen[bytes]]],
+    max_restarts: int,
+    folder: str,
+    poll_seconds: float,
+    *,
+    name: Callable[[int], str],
+    what: str,
+) -> int:
+    """Start every process (``start(attempt)``, attempt 0 first) and wait for them; after a failure
+    stop them all and start them again, up to ``max_restarts`` times, unless the failure is one a
+    restart cannot fix (a process exited with :data:`EXIT_NO_RETRY`, or a rank recorded such a
+    cause in ``folder``): then return ``EXIT_NO_RETRY`` at once. Else 0, or the last failure's
+    code (128 + the signal's number for a signal). Every process is stopped on every exit path."""
     processes: list[subprocess.Popen[bytes]] = []
+    code = 1
     try:
         for attempt in range(max_restarts + 1):
-            processes = []
-            for rank in range(network.world_size):
-                rank_env = {
-                    **os.environ,
-                    **(env or {}),
-                    **network.env(rank),
-                    "MASTER_PORT": str(master_port + attempt),  # a fresh port: no TIME_WAIT surprises
-                    "RANK": str(rank),
-                    "WORLD_SIZE": str(network.world_size),
-                    "LOCAL_RANK": str(rank),
-                    "LOCAL_WORLD_SIZE": str(network.world_size),
-                    "TORCHELASTIC_RESTART_COUNT": str(attempt),
-                    LAUNCHER_PID_ENV: str(os.getpid()),  # the worker dies with this process
-                }
-                rank_env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun: N workers share the cores
-                # c10d warns on every connection that a namespace has no reverse DNS: harmless
-                rank_env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-                processes.append(
-                    subprocess.Popen(network.command(rank, argv), env=rank_env, start_new_session=True)
-                )
-            failed: int | None = None
-            while failed is None:
-                codes = [p.poll() for p in processes]
-                bad = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
-                if bad:
-                    rank, failed = bad[0]
-                    log.error("rank %d exited with code %d (attempt %d)", rank, failed, attempt + 1)
-                elif all(c == 0 for c in codes):
-                    return 0
-                else:
-                    time.sleep(poll_seconds)
+            failures.clear_records(folder)  # the last attempt's records only
+            processes = start(attempt)
+            failed = _wait(processes, poll_seconds)
+            if not failed:
+                return 0
             _stop(processes)
+            index, code = next(iter(failed.items()))
+            log.error(
+                "%s %s (attempt %d of %d)", name(index), _exit_text(code), attempt + 1, max_restarts + 1
+            )
+            exits = {
+                **failed,
+                **{i: p.returncode for i, p in enumerate(processes) if p.returncode == EXIT_NO_RETRY},
+            }
+            retry, _ = failures.verdict(failures.read_records(folder), exits)
+            if not retry:  # the cause itself is the caller's to print, last (pipelines.launch)
+                log.error("not restarted: a rank failed with an error a restart cannot fix")
+                return EXIT_NO_RETRY
             if attempt < max_restarts:
-                log.warning(
-                    "restarting all %d workers (%d of %d)", network.world_size, attempt + 1, max_restarts
-                )
-        return failed if failed else 1
+                log.warning("starting every %s again (%d of %d)", what, attempt + 1, max_restarts)
+        return code if code > 0 else 128 - code
     finally:
         _stop(processes)
+
+
+def _start_worker(
+    network: VirtualNetwork, rank: int, argv: Sequence[str], env: Mapping[str, str], port: int, attempt: int
+) -> subprocess.Popen[bytes]:
+    """Rank ``rank`` of attempt ``attempt`` (0 first), in its namespace, as torchrun would start it."""
+    rank_env = {
+        **env,
+        **network.env(rank),
+        "MASTER_PORT": str(port),
+        "RANK": str(rank),
+        "WORLD_SIZE": str(network.world_size),
+        "LOCAL_RANK": str(rank),
+        "LOCAL_WORLD_SIZE": str(network.world_size),
+        "TORCHELASTIC_RESTART_COUNT": str(attempt),
+        LAUNCHER_PID_ENV: str(os.getpid()),  # the worker dies with this process
+    }
+    rank_env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun: N workers share the cores
+    # c10d warns on every connection that a namespace has no reverse DNS: harmless
+    rank_env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    return subprocess.Popen(network.command(rank, argv), env=rank_env, start_new_session=True)
 
 
 def agent_command(
@@ -414,12 +472,13 @@ def agent_command(
     *,
     rdzv_port: int,
     rdzv_id: str,
-    max_restarts: int,
 ) -> list[str]:
     """Host ``host``'s torchrun agent, inside its namespace: the per-host command of a cluster
     (c10d rendezvous on host 0's address; ``is_host`` says which agent serves its store, since a
     namespace's address is not the machine's hostname), then ``target`` (a script or ``-m
-    module`` and its arguments). The agent's pid is its workers' ``THINWIRE_LAUNCHER_PID``."""
+    module`` and its arguments). The agent's pid is its workers' ``THINWIRE_LAUNCHER_PID``. It
+    restarts nothing itself (``--max-restarts=0``): torchrun's restarts cannot tell a failure that
+    a restart fixes from one it cannot; :func:`run_hosts` restarts."""
     torchrun = [
         sys.executable,
         "-m",
@@ -431,7 +490,7 @@ def agent_command(
         f"--rdzv-id={rdzv_id}",
         f"--rdzv-conf=is_host={'true' if host == 0 else 'false'}",
         f"--local-addr={network.address(host)}",
-        f"--max-restarts={max_restarts}",
+        "--max-restarts=0",
         *target,
     ]
     # `ip netns exec` and the shell exec: the agent keeps the shell's pid ($$)
@@ -461,15 +520,16 @@ def run_hosts(
     """Run ``target`` on ``network.world_size`` emulated hosts of ``ranks_per_host`` ranks each, one
     torchrun agent per host as on a cluster (:func:`agent_command`); return 0 or the failure's code.
 
-    Restarts as on a cluster: a worker that fails makes every agent restart its workers in a new
-    rendezvous round (torchrun's ``--max-restarts``; training resumes from its last checkpoint);
-    an agent that is *killed* (a lost host: it ends by a signal) is started again, as a cluster's
-    scheduler would, and joins that round, up to ``max_restarts`` times. An agent that exits with
-    an error (its workers failed more often than allowed) stops the run. Every agent and worker is
-    stopped on every exit path (workers die with their agent); the network is the caller's.
-    ``on_start`` sees the agents' processes once all are started (tests kill one).
+    Restarts as a cluster's scheduler would restart a job: a worker that fails (its agent then
+    exits) or an agent that is killed (a lost host) stops every agent, and all are started again in
+    a new rendezvous (training resumes from its last checkpoint), up to ``max_restarts`` times,
+    unless a rank recorded an error that a restart cannot fix (:mod:`harness.failures`, in
+    ``$THINWIRE_FAILURES_DIR``, a temporary folder where the environment names none): then the run
+    ends at once, returning :data:`~harness.failures.EXIT_NO_RETRY`. (The agents' own restarts,
+    torchrun's ``--max-restarts``, would retry every failure.) Every agent and worker is stopped on
+    every exit path (workers die with their agent); the network is the caller's. ``on_start``
+    sees the agents' processes of each attempt once all are started (tests kill one).
     """
-    import time
     import uuid
 
     if not network.is_up:
@@ -487,41 +547,29 @@ def run_hosts(
     host_env.setdefault("OMP_NUM_THREADS", "1")
     host_env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
-    def start(host: int) -> subprocess.Popen[bytes]:
-        command = agent_command(
-            network,
-            host,
-            ranks_per_host,
-            target,
-            rdzv_port=rdzv_port,
-            rdzv_id=rdzv_id,
-            max_restarts=max_restarts,
-        )
-        return subprocess.Popen(command, env=host_env, start_new_session=True, preexec_fn=kill_with_parent)
+    with failures.records_folder(host_env) as folder:
+        host_env[failures.FAILURES_ENV] = folder
 
-    agents: list[subprocess.Popen[bytes]] = []
-    try:
-        agents = [start(host) for host in range(network.world_size)]
-        if on_start is not None:
-            on_start(list(agents))
-        host_restarts = 0
-        while True:
-            codes = [agent.poll() for agent in agents]
-            if all(code == 0 for code in codes):
-                return 0
-            for host, code in enumerate(codes):
-                if code is None or code == 0:
-                    continue
-                if code < 0 and host_restarts < max_restarts:
-                    host_restarts += 1
-                    log.warning(
-                        "host %d's agent was killed (signal %d): starting it again (%d of %d)",
-                        host, -code, host_restarts, max_restarts,
-                    )  # fmt: skip
-                    agents[host] = start(host)
-                    continue
-                log.error("host %d's agent exited with code %d", host, code)
-                return code if code > 0 else 128 - code
-            time.sleep(poll_seconds)
-    finally:
-        _stop(agents)
+        def start(attempt: int) -> list[subprocess.Popen[bytes]]:
+            agents = []
+            for host in range(network.world_size):
+                # a new rendezvous on a fresh port each attempt: no TIME_WAIT surprises
+                command = agent_command(network, host, ranks_per_host, target, rdzv_port=rdzv_port + attempt,
+                                        rdzv_id=f"{rdzv_id}-{attempt}")  # fmt: skip
+                agents.append(
+                    subprocess.Popen(
+                        command, env=host_env, start_new_session=True, preexec_fn=kill_with_parent
+                    )
+                )
+            if on_start is not None:
+                on_start(list(agents))
+            return agents
+
+        return _restart_loop(
+            start,
+            max_restarts,
+            folder,
+            poll_seconds,
+            name=lambda host: f"host {host}'s agent",
+            what="host's agent",
+        )

@@ -15,15 +15,15 @@ with their parent: :func:`common.distributed.die_with_parent`). A worker that di
 to ``max_restarts`` times and resumes from the last verified checkpoint; a worker whose peer hangs
 gives up after ``collective_timeout_s``. An error that a restart cannot fix (non-finite values, no
 intact checkpoint, a full or read-only disk, bad options) is not retried: the launch ends at once,
-its last line naming the rank and the cause (:mod:`pipelines.failures`, :func:`run_attempts`).
+its last line naming the rank and the cause (:mod:`harness.failures`, :func:`run_attempts`).
 
 Over a slow network (needs root and iproute2; see :mod:`harness.netem`)::
 
     python -m pipelines.launch baseline fp32 --net-bandwidth 100mbit
 
 starts each rank in its own network namespace behind a link shaped to that rate, restarts all
-ranks like torchrun when one fails, and removes the namespaces on every exit path (success,
-failure, Ctrl-C, SIGTERM). ``--allow-unshaped`` runs plain torchrun instead where emulation is
+ranks when one fails (not for an error a restart cannot fix, as above), and removes the namespaces
+on every exit path (success, failure, Ctrl-C, SIGTERM). ``--allow-unshaped`` runs plain torchrun instead where emulation is
 unavailable (the run is tagged ``network=host``).
 
 As a cluster of H hosts x G ranks (H x G = the run's ``world_size``)::
@@ -33,8 +33,9 @@ As a cluster of H hosts x G ranks (H x G = the run's ``world_size``)::
 emulates H hosts (one namespace each; a host's ranks share its loopback, shaped with
 ``--intra-host-bandwidth`` if given) joined by links of the inter-host rate, and starts on each its
 own ``torchrun --nnodes H --nproc_per_node G --rdzv-backend c10d --rdzv-endpoint <host 0>:29400``
-agent, as on a cluster (:func:`harness.netem.run_hosts`; a killed host's agent is started again and
-the run resumes from its last checkpoint).
+agent, as on a cluster (:func:`harness.netem.run_hosts`; after a failed worker or a killed host's
+agent every agent is started again and the run resumes from its last checkpoint, unless the error
+is one a restart cannot fix).
 
 Repeats of one run share one start-up (torchrun, imports, data, MLflow: ~30 s on 2 cores)::
 
@@ -56,11 +57,10 @@ import tempfile
 from common.data import load_dataset
 from common.distributed import LAUNCHER_PID_ENV, RESTART_SAFE_ENV
 from common.fileio import WriteError, check_writable
-from harness import netem
+from harness import failures, netem
 from harness.entry import quiet_environment
 from harness.folders import artifacts_for
 from harness.runlock import lock_run_folders
-from pipelines import failures
 from pipelines.common import INPUTS_ENV
 from pipelines.train import (
     OUT_DIR_ENV,
@@ -103,7 +103,7 @@ def run_attempts(args: list[str], max_restarts: int, failures_dir: str | os.Path
     0 once an attempt succeeds, else 1 after printing, last and once, the rank and the cause.
 
     After a failed attempt the ranks' records in ``failures_dir`` and their exit codes decide
-    (:func:`pipelines.failures.verdict`): an error that a restart cannot fix (non-finite values,
+    (:func:`harness.failures.verdict`): an error that a restart cannot fix (non-finite values,
     no intact checkpoint, a full or read-only disk, bad options) ends the launch at once; any other
     starts every rank again, resuming from the last verified checkpoint. torchrun's own restarts
     could not tell the two apart, and its failure block (``error_file: <N/A>``) named neither."""
@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> None:
         os.environ.setdefault(key, value)
     if args.run_name:
         os.environ[RUN_NAME_ENV] = args.run_name
-    # the ranks record their failures here (pipelines.failures); removed on every exit but SIGKILL
+    # the ranks record their failures here (harness.failures); removed on every exit but SIGKILL
     with tempfile.TemporaryDirectory(prefix="thinwire-failures-") as failures_dir:
         os.environ[failures.FAILURES_ENV] = failures_dir
         # torchrun's own record of the first failure (it copies the rank's): quietly, in there too
@@ -273,11 +273,21 @@ def _start(args: argparse.Namespace, world_size: int, max_restarts: int, failure
 
 
 def _reported(code: int, failures_dir: str) -> int:
-    """An emulated network's exit ``code``, with the last attempt's rank and cause printed last
-    (its own restart loop, :mod:`harness.netem`, retries every failure)."""
-    if code:
-        _, line = failures.verdict(failures.read_records(failures_dir), {})
-        print(f"error: {line}", file=sys.stderr)
+    """An emulated network's exit ``code``, with the rank and the cause of its last failure printed
+    last, once (its restart loop, :mod:`harness.netem`, stops at an error a restart cannot fix and
+    returns :data:`~harness.failures.EXIT_NO_RETRY`)."""
+    if not code:
+        return code
+    records = failures.read_records(failures_dir)
+    _, line = failures.verdict(records, {})
+    if code == failures.EXIT_NO_RETRY:
+        if not any(r.get("cause") for r in records):
+            line = (
+                f"a rank exited with code {failures.EXIT_NO_RETRY} (an error a restart cannot fix; its "
+                "record was lost, its traceback is above)"
+            )
+        line += ". Not restarted: a restart would fail the same way"
+    print(f"error: {line}", file=sys.stderr)
     return code
 
 

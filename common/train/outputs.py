@@ -50,8 +50,10 @@ def trained_model_file(out_dir: str | Path) -> Path:
     return model_file
 
 
-def final_metrics(loop: Loop, state: RunState, *, epochs: int) -> dict[str, float]:
-    """metrics.json: the last evaluation, the last logged loss, traffic and time."""
+def final_metrics(loop: Loop, state: RunState) -> dict[str, float]:
+    """metrics.json: the last evaluation, the last logged loss, traffic and time. ``epochs`` is
+    what was trained (steps done / steps per epoch: 1.5 where ``max_steps`` or ``stop_at`` ended
+    the run half-way through its second epoch), not the config's ``epochs``."""
     plan = loop.plan
     stats = plan.strategy.stats.summary()
     # A synchronous step lasts as long as its slowest rank computes (the others wait inside the
@@ -68,7 +70,7 @@ def final_metrics(loop: Loop, state: RunState, *, epochs: int) -> dict[str, floa
         **{k: v for k, v in state.eval_rows[-1].items() if k not in ("step", "epoch")},
         "train_loss": state.train_rows[-1]["train_loss"],
         "steps": float(state.step),
-        "epochs": float(epochs),
+        "epochs": state.step / plan.steps_per_epoch,
         "world_size": float(plan.ctx.world_size),
         "bits_per_step": stats["bits_per_step"],
         "dense_bits_per_step": stats["dense_bits_per_step"],
@@ -86,6 +88,19 @@ def final_metrics(loop: Loop, state: RunState, *, epochs: int) -> dict[str, floa
         metrics["fp16_skipped_steps"] = float(plan.loss_scaler.skipped)
         metrics["loss_scale"] = plan.loss_scaler.scale
     return metrics
+
+
+def non_finite_final(state: RunState) -> str | None:
+    """What is wrong when a metric of the run's last evaluation is NaN or inf (the first such
+    metric and its step), else None. ``metrics.json`` records such a value as null."""
+    row = state.eval_rows[-1] if state.eval_rows else {}
+    for name, value in row.items():
+        if name not in ("step", "epoch") and isinstance(value, float) and not math.isfinite(value):
+            return (
+                f"final {name} is {value} at step {row['step']} (the run's last evaluation; metrics.json "
+                "records it as null): the model diverged; lower lr or clip gradients (grad_clip_norm)"
+            )
+    return None
 
 
 def run_info(
@@ -135,8 +150,10 @@ def write_outputs(
     *,
     title: str,
     run_name: str,
+    status: str = "FINISHED",
 ) -> None:
-    """Rank 0's files (curves, plot, metrics.json, run.json: ``info``), also logged to the tracker."""
+    """Rank 0's files (curves, plot, metrics.json, run.json: ``info``), also logged to the tracker,
+    whose run then ends ``status``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out_dir / "train_curve.csv", _csv(state.train_rows))
     atomic_write_text(out_dir / "eval_curve.csv", _csv(state.eval_rows))
@@ -146,7 +163,7 @@ def write_outputs(
     tracker.log_summary(metrics)  # final values that no curve ends in: tags summary.<key>
     for name in ("metrics.json", "plot.png", "train_curve.csv", "eval_curve.csv", "run.json"):
         tracker.log_artifact(out_dir / name)
-    tracker.finish("FINISHED")
+    tracker.finish(status)
     if tracker.state != info["tracking"]:  # it broke while the outputs were logged
         atomic_write_json(out_dir / "run.json", {**info, "tracking": tracker.state})
 

@@ -19,6 +19,7 @@ from ..config import RunConfig
 from ..data import Dataset
 from ..distributed import DistContext, barrier, init_from_env, is_collective_timeout, seed_everything
 from ..fileio import check_writable
+from ..finite import NonFiniteMetric
 from ..loss_scale import LossScaler
 from ..paths import REPO_ROOT
 from ..strategies import SyncStrategy
@@ -36,7 +37,7 @@ from .components import (
     prepare_model,
 )
 from .loop import Callback, run_steps
-from .outputs import final_metrics, run_info, write_outputs
+from .outputs import final_metrics, non_finite_final, run_info, write_outputs
 from .plan import BatchSource, Loop, StepPlan
 from .precision import autocast_factory, compute_precision
 from .state import RunState, restore
@@ -64,6 +65,10 @@ def train(
     already loaded as ``config`` would load them (a stage that trains several runs on the same data
     loads it once; sparse AxoNN's stage measures each run's memory without it). ``artifacts_dir``:
     where ``model.pt`` and ``ckpt/`` go (default ``out_dir``).
+
+    A last evaluation that gives a NaN or inf raises :class:`~common.finite.NonFiniteMetric` on
+    every rank once rank 0 has written the outputs (the MLflow run ends FAILED): such a run is
+    not a result, and a launcher does not retry it.
     """
     ctx = ctx or init_from_env(timeout_s=config.collective_timeout_s)
     if ctx.world_size != get_world_size():
@@ -87,12 +92,18 @@ def train(
         if is_collective_timeout(error):
             _log_timeout(ctx, config.collective_timeout_s, state.step + 1, error)
         raise
-    metrics = final_metrics(loop, state, epochs=config.epochs)
+    metrics = final_metrics(loop, state)
+    problem = non_finite_final(state)  # the same on every rank (the evaluation is summed over them)
     if ctx.is_main:
         sha = all_tags["git_sha"]
         info = run_info(config, precision, loop, state, tracker, git_sha=sha, out_dir=out_dir, tags=all_tags)
         title = f"{experiment or ''} {run_name}"
-        write_outputs(out_dir, state, metrics, info, tracker, title=title, run_name=run_name)
+        status = "FINISHED" if problem is None else "FAILED"
+        write_outputs(out_dir, state, metrics, info, tracker, title=title, run_name=run_name, status=status)
+    if problem is not None:
+        # after rank 0's outputs: a rank that failed first would have the launcher stop rank 0 mid-write
+        barrier()
+        raise NonFiniteMetric(problem)
     return metrics
 
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from common.paths import REPO_ROOT
-from harness import netem
+from harness import failures, netem
 from tests.helpers.mlflow_store import fresh_store
 
 needs_netem = pytest.mark.skipif(
@@ -40,9 +40,9 @@ def _ours(network: netem.VirtualNetwork) -> set[str]:
 def test_two_hosts_of_two_ranks_train_as_four_ranks_on_one_host_even_after_losing_a_host(tmp_path):
     """The same parameters, bit for bit, from ``torchrun --standalone --nproc_per_node 4`` and from
     2 emulated hosts x 2 ranks (c10d rendezvous, 100 Mbit/s between hosts, the loopback shaped to
-    10 Gbit/s) whose host 1 is lost at step 10 (its agent and both its ranks SIGKILLed): host 0's
-    agent restarts its ranks in a new rendezvous round, host 1's agent is started again, and the
-    run resumes from the step-8 checkpoint. The namespaces and qdiscs are gone afterwards."""
+    10 Gbit/s) whose host 1 is lost at step 10 (its agent and both its ranks SIGKILLed): every
+    host's agent is started again in a new rendezvous, and the run resumes from the step-8
+    checkpoint. The namespaces and qdiscs are gone afterwards."""
     env = _env(tmp_path)
     one_host = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4", SCRIPT,
@@ -80,19 +80,49 @@ def test_two_hosts_of_two_ranks_train_as_four_ranks_on_one_host_even_after_losin
         assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
 
 
-@needs_netem
-def test_an_agent_that_gives_up_stops_the_run_and_every_host(tmp_path):
-    """A worker that fails on every attempt: each agent gives up after its restarts, the run ends
-    with the failure's code, and nothing of the cluster is left."""
+def _failing_worker(tmp_path: Path, error: str) -> Path:
+    """A worker that appends its rank to ``starts`` and, on rank 3, raises ``error`` as a training
+    rank does (:func:`harness.failures.recorded`: a record, then exit code 79 or the error); the
+    other ranks wait."""
     script = tmp_path / "fail.py"
     script.write_text(
-        "import os, sys, time\nif os.environ['RANK'] == '3':\n    sys.exit(3)\ntime.sleep(60)\n"
+        "import os, time\n"
+        "from harness.failures import recorded\n"
+        "rank = int(os.environ['RANK'])\n"
+        f"open({str(tmp_path / 'starts')!r}, 'a').write(f'{{rank}} ')\n"
+        "with recorded(rank):\n"
+        f"    if rank == 3:\n        raise {error}\n"
+        "    time.sleep(60)\n"
     )
+    return script
+
+
+@needs_netem
+def test_a_worker_that_fails_on_every_attempt_stops_the_run_and_every_host(tmp_path):
+    """A failure a restart may fix (a lost connection), on every attempt: every agent is started
+    again once (max_restarts 1), then the run ends with the failure's code and nothing of the
+    cluster is left."""
+    script = _failing_worker(tmp_path, "RuntimeError('Connection reset by peer')")
     network = netem.VirtualNetwork(2, "1gbit")
     with network:
         code = netem.run_hosts(network, 2, [str(script)], env=_env(tmp_path), max_restarts=1)
         pids = [pid for ns in network.namespaces for pid in netem.namespace_pids(ns)]
     assert code != 0 and pids == []
+    assert sorted((tmp_path / "starts").read_text().split()) == ["0", "0", "1", "1", "2", "2", "3", "3"]
+    assert _ours(network) == set()
+
+
+@needs_netem
+def test_a_failure_a_restart_cannot_fix_stops_every_host_at_once(tmp_path):
+    """Rank 3 fails with a NaN (its agent exits 1; the rank's record says why): with 2 restarts
+    left no agent is started again, the run returns EXIT_NO_RETRY and nothing is left."""
+    script = _failing_worker(tmp_path, "FloatingPointError('training loss became nan at step 6: lower lr')")
+    network = netem.VirtualNetwork(2, "1gbit")
+    with network:
+        code = netem.run_hosts(network, 2, [str(script)], env=_env(tmp_path), max_restarts=2)
+        pids = [pid for ns in network.namespaces for pid in netem.namespace_pids(ns)]
+    assert code == failures.EXIT_NO_RETRY and pids == []
+    assert sorted((tmp_path / "starts").read_text().split()) == ["0", "1", "2", "3"]  # one attempt
     assert _ours(network) == set()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from common.paths import REPO_ROOT
-from harness import netem
+from harness import failures, netem
 
 needs_netem = pytest.mark.skipif(
     not netem.supported(), reason="needs root and iproute2 (ip, tc) for network namespaces"
@@ -70,7 +71,7 @@ def test_launcher_rejects_a_bad_rate_before_starting_anything():
 
 
 @needs_netem
-def test_namespaces_and_qdiscs_exist_while_up_and_are_gone_after_a_failed_run():
+def test_namespaces_and_qdiscs_exist_while_up_and_are_gone_after_a_failed_run(tmp_path: Path):
     network = netem.VirtualNetwork(2, "100mbit")
     with network:
         assert _ours(network) == set([*network.namespaces, network.switch])
@@ -81,14 +82,50 @@ def test_namespaces_and_qdiscs_exist_while_up_and_are_gone_after_a_failed_run():
             check=True,
         ).stdout
         assert "tbf" in qdisc and "100Mbit" in qdisc
-        # rank 1 fails mid-way while rank 0 is still busy: all are stopped, the code comes back
+        # rank 1 fails mid-way while rank 0 is still busy: all are stopped and started again once
+        # (max_restarts 1), then the code comes back
+        starts = tmp_path / "starts"
         code = netem.run_workers(
             network,
-            ["sh", "-c", 'if [ "$RANK" = 1 ]; then exit 3; fi; sleep 30'],
+            ["sh", "-c", f'echo "$RANK" >> {starts}; if [ "$RANK" = 1 ]; then exit 3; fi; sleep 30'],
             max_restarts=1,
         )
         assert code == 3
+        assert sorted(starts.read_text().split()) == ["0", "0", "1", "1"]
     assert _ours(network) == set()
+
+
+@needs_netem
+def test_a_failure_a_restart_cannot_fix_is_not_restarted(tmp_path: Path, caplog):
+    """Rank 1 fails with an error a restart cannot fix (a NaN: it records the cause and exits
+    with EXIT_NO_RETRY, as a training rank does): with 2 restarts left, nothing is started again."""
+    starts = tmp_path / "starts"
+    worker = tmp_path / "nan.py"
+    worker.write_text(
+        textwrap.dedent(
+            f"""
+            import os, time
+            from harness.failures import recorded
+            rank = int(os.environ["RANK"])
+            open({str(starts)!r}, "a").write(f"{{rank}} ")
+            with recorded(rank):
+                if rank == 1:
+                    raise FloatingPointError("final test_loss is inf at step 8")
+                time.sleep(60)
+            """
+        )
+    )
+    env = {"PYTHONPATH": str(REPO_ROOT), failures.FAILURES_ENV: str(tmp_path)}
+    with netem.VirtualNetwork(2, "1gbit") as network, caplog.at_level(logging.WARNING):
+        code = netem.run_workers(network, [sys.executable, str(worker)], env=env, max_restarts=2)
+    assert code == failures.EXIT_NO_RETRY
+    assert sorted(starts.read_text().split()) == ["0", "1"]  # one attempt
+    (record,) = failures.read_records(tmp_path)  # the cause, for the launcher to print last
+    assert record["rank"] == 1 and record["cause"] == "non-finite values (NaN or inf)"
+    assert [r.getMessage() for r in caplog.records] == [
+        f"rank 1 exited with code {failures.EXIT_NO_RETRY} (attempt 1 of 3)",
+        "not restarted: a rank failed with an error a restart cannot fix",
+    ]
 
 
 @needs_netem
@@ -108,7 +145,7 @@ def test_sigterm_to_the_launcher_stops_workers_and_removes_namespaces(tmp_path: 
             f"""
             import json, sys
             sys.path.insert(0, {str(REPO_ROOT)!r})
-            from harness import netem
+            from harness import failures, netem
             with netem.terminate_as_exception():
                 net = netem.VirtualNetwork(2, "100mbit")
                 with net:

@@ -19,16 +19,23 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from common.paths import REPO_ROOT
-from pipelines.failures import EXIT_NO_RETRY
+from harness import netem
+from harness.failures import EXIT_NO_RETRY
 from tests.helpers import faulty_stage
 from tests.helpers.mlflow_store import fresh_store
 from tests.helpers.mounts import read_only_folder, tmpfs
 from tests.helpers.processes import run_group
 from tests.helpers.refusal import launch_refusal
 from tests.helpers.train_once import CONFIG
+
+NAN_LINE = (
+    r"error: rank [01] failed with non-finite values \(NaN or inf\): FloatingPointError: training loss "
+    r"became (nan|inf|-inf) at step \d+: lower lr\. Not restarted: a restart would fail the same way"
+)
 
 
 def _children(pid: int) -> list[int]:
@@ -122,14 +129,33 @@ def test_a_nan_is_not_retried_and_the_last_line_names_the_rank_and_the_cause(tmp
     assert len(attempts) == 1, attempts  # one restart, after the kill; none after the NaN
     assert attempts[0].startswith(f"launch: attempt 1 of {faulty_stage.MAX_RESTARTS + 1} failed ("), attempts
     assert "rank 1 was killed by SIGKILL" in attempts[0]
-    assert re.fullmatch(
-        r"error: rank [01] failed with non-finite values \(NaN or inf\): FloatingPointError: training loss "
-        r"became (nan|inf|-inf) at step \d+: lower lr\. Not restarted: a restart would fail the same way",
-        lines[-1],
-    ), lines[-5:]
+    assert re.fullmatch(NAN_LINE, lines[-1]), lines[-5:]
     assert sum(line.startswith("error:") for line in lines) == 1
     assert "error_file: <N/A>" not in result.stderr and "ChildFailedError" not in result.stderr
     assert f"exitcode: {EXIT_NO_RETRY}" in result.stderr  # the workers' exit code for it
+
+
+@pytest.mark.skipif(not netem.supported(), reason="needs root and iproute2 (ip, tc) for network namespaces")
+def test_behind_shaped_links_a_nan_is_not_retried_either(tmp_path):
+    """The same two faults with each rank behind a shaped link (``--net-bandwidth``: the restart
+    loop of :func:`harness.netem.run_workers`, not torchrun's): the SIGKILL is restarted, the NaN
+    is not, and the last line names the rank and the cause, once."""
+    pipeline = tmp_path / "faulty"
+    pipeline.mkdir()
+    (pipeline / "params.yaml").write_text(yaml.safe_dump({"scale": "t", "runs_module": faulty_stage.__name__, "runs": {"r": {}}}))  # fmt: skip
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    command = [sys.executable, "-m", "pipelines.launch", str(pipeline), "r", "--out", str(out),
+               "--net-bandwidth", "1gbit"]  # fmt: skip
+    result = run_group(command, timeout=400, env=env)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == EXIT_NO_RETRY, result.stderr[-3000:]
+    assert (out / "killed-once").exists()  # the first attempt was the killed one
+    assert f"rank 1 was killed by signal {signal.SIGKILL.value} (attempt 1 of 4)" in lines
+    restarts = [line for line in lines if line.startswith("starting every worker again")]
+    assert restarts == ["starting every worker again (1 of 3)"]  # after the kill; none after the NaN
+    assert re.fullmatch(NAN_LINE, lines[-1]), lines[-5:]
+    assert sum(line.startswith("error:") for line in lines) == 1
 
 
 def test_a_full_disk_is_not_retried_and_the_last_line_names_the_file(tmp_path):

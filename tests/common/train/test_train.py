@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -72,6 +73,7 @@ def test_outputs_and_metrics(reference):
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics == pytest.approx(results[0]["metrics"], nan_ok=True)
     assert metrics["steps"] == 48 and metrics["world_size"] == 2
+    assert metrics["epochs"] == 2.0  # 24 steps per epoch (768 examples / (2 ranks x 16))
     # random-k 10% with shared indices: only values cross the wire (32 bits each) -> about 10x
     assert 9.0 <= metrics["compression_factor"] <= 10.0
     assert metrics["test_accuracy"] > 0.25  # chance is 0.1; 48 small steps
@@ -129,6 +131,7 @@ def test_stop_at_ends_at_the_first_evaluation_reaching_the_target_on_the_full_ru
     )
     metrics = results[0]["metrics"]
     assert metrics["steps"] == float(evals[first]["step"]) and metrics["stopped_at_target"] == 1.0
+    assert metrics["epochs"] == metrics["steps"] / 24  # what was trained, not the config's 2
     assert results[1]["metrics"]["steps"] == metrics["steps"]  # every rank stopped there
     columns = ("step", "test_loss", "test_accuracy")
     assert [[r[c] for c in columns] for r in _read_csv(stopped / "eval_curve.csv")] == [
@@ -229,6 +232,47 @@ def test_unreachable_mlflow_costs_one_warning_and_training_goes_on(tmp_path, mon
     warnings = [r for r in caplog.records if "unreachable" in r.getMessage()]
     assert len(warnings) == 1 and str(port) in warnings[0].getMessage()
     assert json.loads((tmp_path / "metrics.json").read_text())["steps"] == metrics["steps"] == 8
+
+
+def _one_rank(**overrides) -> tuple[dict, DistContext]:
+    """A small one-process run's config (8 steps an epoch: 128 examples, batch 16) and context."""
+    config = {**CONFIG, "world_size": 1, "train_limit": 128, "compressor": "identity",
+              "compressor_options": {}, "error_feedback": False, **overrides}  # fmt: skip
+    return config, DistContext(rank=0, world_size=1, local_rank=0, backend="gloo", device=torch.device("cpu"))
+
+
+def test_a_run_that_max_steps_ends_mid_epoch_reports_the_epochs_it_trained(tmp_path):
+    """A smoke run of 2 epochs cut at 12 steps (8 an epoch) trained 1.5 epochs: metrics.json says
+    1.5, not the config's 2."""
+    config, ctx = _one_rank(epochs=2, max_steps=12)
+    metrics = train(checked_config(config), tmp_path, ctx=ctx)
+    written = json.loads((tmp_path / "metrics.json").read_text())
+    assert written["steps"] == metrics["steps"] == 12
+    assert written["epochs"] == metrics["epochs"] == 1.5
+
+
+def test_a_final_evaluation_that_is_not_finite_fails_the_run_after_its_outputs(tmp_path, monkeypatch):
+    """The last evaluation's loss is inf (the evaluation the loop calls returns it): the run ends
+    with an error naming the metric and the step, a FloatingPointError (the launcher does not retry
+    it), once every output is written, metrics.json recording the loss as null."""
+    from common.finite import NonFiniteMetric
+    from common.train import loop
+
+    evaluate = loop.evaluate
+
+    def diverged(*args, **kwargs):
+        return {**evaluate(*args, **kwargs), "test_loss": math.inf}
+
+    monkeypatch.setattr(loop, "evaluate", diverged)
+    config, ctx = _one_rank(epochs=1, eval_every=4)
+    with pytest.raises(NonFiniteMetric, match=r"^final test_loss is inf at step 8 \(the run's last evaluation; "
+                       r"metrics\.json records it as null\): the model diverged") as failed:  # fmt: skip
+        train(checked_config(config), tmp_path, ctx=ctx)
+    assert isinstance(failed.value, FloatingPointError)
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["test_loss"] is None and metrics["steps"] == 8 and 0 <= metrics["test_accuracy"] <= 1
+    assert (tmp_path / "model.pt").is_file() and (tmp_path / "run.json").is_file()
+    assert len(_read_csv(tmp_path / "eval_curve.csv")) == 2  # steps 4 and 8
 
 
 def test_artifacts_dir_holds_model_and_checkpoints_and_evaluate_finds_them(tmp_path):

@@ -5,15 +5,18 @@ the cause where a restart cannot help), then, for such a cause, prints its trace
 :data:`EXIT_NO_RETRY`: the exit code decides even where a full disk refused the record. The causes
 (:func:`no_retry_cause`):
 
-- non-finite values: a NaN or inf loss or gradient (``FloatingPointError``) recurs from the same
-  checkpoint with the same data;
+- non-finite values: a NaN or inf loss or gradient, or a last evaluation that gives one
+  (``FloatingPointError``), recurs from the same checkpoint with the same data;
 - no checkpoint to resume: :class:`~common.checkpoint.CheckpointError` (damaged on every step, or
   written by another world size);
 - a full disk (ENOSPC, EDQUOT) or a folder that cannot be written (EROFS, EACCES, EPERM);
 - bad options: a ``ValueError`` (validation, missing data).
 
 Anything else (a killed rank, a peer that hung past ``collective_timeout_s``, a lost connection) is
-retried up to ``max_restarts`` times by :func:`pipelines.launch.run_attempts`.
+retried up to ``max_restarts`` times by every restart loop that reads these: the launcher's
+(``pipelines.launch.run_attempts``, torchrun on one machine) and the emulated networks'
+(:func:`harness.netem.run_workers`, :func:`harness.netem.run_hosts`). Here, below both, so that
+the network emulation can tell the two kinds apart without importing the pipelines.
 """
 
 from __future__ import annotations
@@ -131,6 +134,20 @@ def read_records(folder: str | os.PathLike[str]) -> list[dict[str, Any]]:
 def clear_records(folder: str | os.PathLike[str]) -> None:
     for path in Path(folder).glob("*rank*.json*"):
         path.unlink(missing_ok=True)
+
+
+@contextmanager
+def records_folder(env: Mapping[str, str]) -> Iterator[str]:
+    """Where the ranks of a restart loop record their failures: ``env``'s ``$THINWIRE_FAILURES_DIR``
+    (the launcher's), else a temporary folder for the loop's duration (the caller passes it on)."""
+    given = env.get(FAILURES_ENV)
+    if given:
+        yield given
+        return
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="thinwire-failures-") as folder:
+        yield folder
 
 
 def _exit_text(code: int) -> str:
