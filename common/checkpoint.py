@@ -18,7 +18,10 @@ listed step every rank verified. A damaged or missing file costs one warning nam
 fall-back to the step before; when no listed step is intact on every rank (the marker names a
 folder that is gone, or only damaged ones), the newest step folder on disk intact on every rank is
 resumed, with a warning; if none is, the run stops with an error naming what the marker lists and
-what is on disk (it never trains on from a damaged state). A run whose ``latest.json`` is marked
+what is on disk (it never trains on from a damaged state). The loop marks a run complete
+(:meth:`Checkpointer.mark_complete`) only after its outputs are written: a run killed between its
+last checkpoint and its outputs resumes at its last step and writes them without retraining. A run
+whose ``latest.json`` is marked
 complete starts from scratch (its files stay until the new run's first checkpoint replaces them);
 a missing or unreadable ``latest.json`` is named and the step folders on disk are tried instead.
 """
@@ -203,6 +206,21 @@ class Checkpointer:
         return state
 
     # -- save --------------------------------------------------------------------------------------
+
+    def mark_complete(self) -> None:
+        """Mark the newest checkpoint the run's end (rank 0; not a collective): a rerun then starts
+        afresh. Called once rank 0 has written the run's outputs; a run killed before has its last
+        checkpoint to resume from, which writes the outputs without training a step. No barrier:
+        the other ranks may have left (a barrier would time out while rank 0 writes its outputs
+        under a short ``collective_timeout_s``)."""
+        if self.rank == 0:
+            marker = self.dir / "latest.json"
+            try:
+                info = json.loads(marker.read_text())
+            except (OSError, ValueError) as error:
+                log.warning("cannot mark %s complete (%s): a rerun resumes its last step", marker, error)
+            else:
+                atomic_write_json(marker, {**info, "complete": True})
 
     def save(self, step: int, state: dict[str, Any], *, complete: bool = False) -> None:
         """Write this rank's state of ``step`` (a collective). A full or read-only disk raises

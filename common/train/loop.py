@@ -62,7 +62,7 @@ def run_steps(
 
     plan.model.train()
     batches = _Batches(loop.batches)
-    while state.step < loop.total_steps:
+    while state.step < loop.total_steps and not state.stopped:
         start = time.perf_counter()  # a step's time includes drawing its epoch's batches
         epoch, index = divmod(state.step, plan.steps_per_epoch)
         batch, loaded = batches.at(epoch, index, state.step)
@@ -77,7 +77,11 @@ def run_steps(
             break
         if state.step % loop.checkpoint_every == 0 and state.step < loop.total_steps:
             checkpoint()
-    checkpoint(complete=True)
+    # The last step's checkpoint, not yet marked complete: train() marks it once the outputs are
+    # written, so a kill in between resumes here and writes them without retraining. A run resumed
+    # from this very checkpoint has it already.
+    if checkpointer.resumed != state.step:
+        checkpoint()
 
 
 class _Batches:

@@ -100,6 +100,7 @@ def train(
         title = f"{experiment or ''} {run_name}"
         status = "FINISHED" if problem is None else "FAILED"
         write_outputs(out_dir, state, metrics, info, tracker, title=title, run_name=run_name, status=status)
+    checkpointer.mark_complete()  # after the outputs: a rerun of a complete run trains afresh
     if problem is not None:
         # after rank 0's outputs: a rank that failed first would have the launcher stop rank 0 mid-write
         barrier()

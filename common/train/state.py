@@ -114,6 +114,7 @@ def checkpoint_state(plan: StepPlan, state: RunState, tracking_partial: bool) ->
         "resumed_at": state.resumed_at,
         "started_at": state.started_at,
         "loss_scale": plan.loss_scaler.state_dict() if plan.loss_scaler is not None else None,
+        "stopped": state.stopped,  # stop_at reached: a resume of the last checkpoint trains no further
     }
 
 
@@ -135,3 +136,4 @@ def restore(plan: StepPlan, state: RunState, saved: dict[str, Any]) -> None:
     state.tracking_partial = bool(saved.get("tracking_partial", False))
     state.resumed_at = [*saved.get("resumed_at", []), state.step]
     state.started_at = float(saved.get("started_at", state.started_at))
+    state.stopped = bool(saved.get("stopped", False))

@@ -275,6 +275,41 @@ def test_a_final_evaluation_that_is_not_finite_fails_the_run_after_its_outputs(t
     assert len(_read_csv(tmp_path / "eval_curve.csv")) == 2  # steps 4 and 8
 
 
+def test_a_kill_between_the_last_checkpoint_and_the_outputs_costs_no_retraining(tmp_path, monkeypatch):
+    """The outputs are written before the run is marked complete: a run that dies writing them
+    (a kill, a full disk) resumes at its last step on the rerun, trains no step, and writes the
+    outputs an uninterrupted run writes; only then is its checkpoint marked complete."""
+    from common.train import run as run_module
+
+    config, ctx = _one_rank(epochs=1, eval_every=4)
+    reference = train(checked_config(config), tmp_path / "reference", ctx=ctx)
+
+    write_outputs = run_module.write_outputs
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt("killed while writing the outputs")
+
+    out = tmp_path / "run"
+    monkeypatch.setattr(run_module, "write_outputs", killed)
+    with pytest.raises(KeyboardInterrupt):
+        train(checked_config(config), out, ctx=ctx)
+    assert not (out / "metrics.json").exists()
+    (fingerprint,) = [p for p in (out / "ckpt").iterdir() if p.is_dir()]
+    assert json.loads((fingerprint / "latest.json").read_text())["complete"] is False
+
+    monkeypatch.setattr(run_module, "write_outputs", write_outputs)
+    steps: list[int] = []
+    metrics = train(checked_config(config), out, ctx=ctx, callbacks=[lambda info: steps.append(info.step)])
+    assert steps == []  # nothing retrained
+    assert json.loads((fingerprint / "latest.json").read_text())["complete"] is True
+    timeless = sorted(k for k in reference if "seconds" not in k and k != "wall_time_s")
+    assert json.dumps([metrics[k] for k in timeless]) == json.dumps([reference[k] for k in timeless])
+    assert _deterministic_columns(out / "train_curve.csv") == _deterministic_columns(
+        tmp_path / "reference" / "train_curve.csv"
+    )
+    assert json.loads((out / "run.json").read_text())["resumed_at"] == [8]
+
+
 def test_artifacts_dir_holds_model_and_checkpoints_and_evaluate_finds_them(tmp_path):
     """With ``artifacts_dir`` (the pipelines: results/X -> artifacts/X) ``model.pt`` and ``ckpt/``
     go there and the results folder holds only what is committed, so a fresh clone has it whole;
