@@ -371,6 +371,28 @@ def test_alexnet_takes_imagenet_crops(imagenet_alexnet: nn.Module) -> None:
         assert imagenet_alexnet(torch.randn(2, 3, 224, 224)).shape == (2, 1000)
 
 
+@pytest.mark.parametrize(
+    ("name", "options", "message"),
+    [
+        ("mlp", {"hidden_sizes": 8}, "model 'mlp' option hidden_sizes must be a list of integers, got 8 (int)"),
+        ("alexnet", {"dropout": "0.2"}, "model 'alexnet' option dropout must be a number, got '0.2' (str)"),
+        ("resnet50", {"zero_init_residual": "no"}, "model 'resnet50' option zero_init_residual must be true or false, got 'no'"),
+        ("lstm_lm", {"num_layers": 2.0}, "model 'lstm_lm' option num_layers must be an integer, got 2.0 (float)"),
+    ],
+)  # fmt: skip
+def test_an_option_of_the_wrong_type_names_the_model_and_the_type(
+    name: str, options: dict, message: str
+) -> None:
+    with pytest.raises(ValueError) as info:
+        build_model(
+            name, in_channels=3, image_size=224, vocab_size=VOCAB if "lm" in name else None, **options
+        )
+    assert str(info.value).startswith(message), str(info.value)
+    with torch.device("meta"):  # an int where a number belongs, a tuple where a list does
+        assert count_parameters(build_model("vgg_small", in_channels=3, image_size=32, width=1)) > 0
+        assert count_parameters(build_model("mlp", hidden_sizes=(8,))) == 784 * 8 + 8 + 8 * 10 + 10
+
+
 def test_alexnet_dropout_option() -> None:
     with torch.device("meta"):
         default = build_model("alexnet", in_channels=3, image_size=224)
