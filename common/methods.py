@@ -8,7 +8,8 @@ validation and the loop read only its declarations.
 :class:`~common.config.RunConfig` is plain data with its own type and range checks; it imports
 nothing of the library above it. :func:`checked_config` (a run from a mapping, checked whole) and
 :func:`check_run` add what needs the registries: the dataset, model, compressor and transport
-names, the compressor's options, and the strategy's options and declarations. :func:`check_run`
+names, the compressor's and the model's options (names and types; TernGrad's ``fp32_layers``
+against the model's parameters), and the strategy's options and declarations. :func:`check_run`
 returns the :class:`Method`: the strategy class and its typed options, which
 :func:`build_strategy` hands to ``from_config`` (never parsed again).
 
@@ -20,9 +21,12 @@ torchtitan's core knows its experiments).
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+import torch
 
 from .config import RunConfig, yaml_spelling
 from .gossip import GossipStrategy
@@ -92,14 +96,17 @@ def check_run(config: RunConfig) -> Method:
     :class:`Method`."""
     from .comm.sync import TRANSPORTS
     from .compressors import build_compressor
+    from .compressors.base import check_fp32_layers
     from .data import DATASETS
-    from .models import MODELS
+    from .models import check_model_options
     from .registry import lookup
 
     config.validate()
     lookup(DATASETS, config.dataset, "dataset")
-    lookup(MODELS, config.model, "model")
-    build_compressor(config.compressor, **config.compressor_options)
+    check_model_options(config.model, config.model_options)  # the model's name too
+    compressor = build_compressor(config.compressor, **config.compressor_options)  # names and types
+    if compressor.fp32_layers:
+        check_fp32_layers(compressor.fp32_layers, _parameter_names(config), f"of model {config.model!r}")
     method = _check_strategy(config)
     if config.transport not in TRANSPORTS:
         raise ValueError(f"unknown transport {config.transport!r}; valid transports: {', '.join(TRANSPORTS)}")
@@ -109,6 +116,26 @@ def check_run(config: RunConfig) -> Method:
 def build_strategy(config: RunConfig) -> SyncStrategy:
     """The strategy ``config.strategy`` names, built from the checked run."""
     return check_run(config).build(config)
+
+
+def _parameter_names(config: RunConfig) -> list[str]:
+    """The parameter names of ``config``'s model, built on the meta device (no memory, no
+    initialisation, no data read: milliseconds even for ResNet-50). Names do not depend on the
+    sizes, so a text set's vocabulary stands in at 2 entries, and a set whose shape is known only
+    once read (ImageNet's folder) at 3 x 224 x 224 with 1000 classes."""
+    from .data import DATASETS
+    from .models import MODELS, build_model
+
+    if "vocab_size" in inspect.signature(MODELS[config.model]).parameters:
+        sizes: dict[str, Any] = {"vocab_size": 2}
+    else:
+        source = DATASETS[config.dataset]
+        channels, size, _ = getattr(source, "input_shape", (3, 224, 224))
+        classes = len(getattr(source, "classes", ())) or 1000
+        sizes = {"num_classes": classes, "in_channels": channels, "image_size": size}
+    with torch.device("meta"):
+        model = build_model(config.model, **sizes, **config.model_options)
+    return [name for name, _ in model.named_parameters()]
 
 
 def _check_strategy(config: RunConfig) -> Method:

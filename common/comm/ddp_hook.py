@@ -19,14 +19,19 @@ the residual memory (the reason PowerSGD's hook waits a few iterations before co
 
 # No ``from __future__ import annotations`` here: DDP checks the hook's annotations at run time
 # (``bucket`` must be annotated ``dist.GradBucket``, the result ``torch.futures.Future[torch.Tensor]``).
+import inspect
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from ..compressors import Compressor, build_compressor
+from ..compressors import Compressor, build_compressor, compressor_options
 from .sync import GradientSync
+
+#: ``install_ddp_hook``'s own keywords; any other keyword is an option of the compressor it builds.
+HOOK_KEYWORDS = ("error_feedback", "compress_per_tensor", "transport", "seed", "group", "stats", "fused")
+_SYNC_KEYWORDS = HOOK_KEYWORDS[2:]  # passed on to GradientSync
 
 
 def compressed_allreduce_hook(
@@ -65,30 +70,49 @@ def install_ddp_hook(
     ``False`` compresses each bucket as one flat tensor. ``error_feedback`` is off by default, as
     in :class:`GradientSync` and the run configs. Remaining ``options`` that are not compressor
     options go to :class:`GradientSync` (``transport``, ``seed``, ``group``, ``stats``, ``fused``:
-    each bucket compressed in a fixed number of launches with no host read, by default on CUDA).
-    Returns
-    the :class:`GradientSync`, whose ``stats`` and ``state_dict()`` (residuals, generator states)
+    each bucket compressed in a fixed number of launches with no host read, by default on CUDA);
+    a keyword that is neither the hook's nor the compressor's is refused, the error listing both.
+    Returns the :class:`GradientSync`, whose ``stats`` and ``state_dict()`` (residuals, generator states)
     the caller may checkpoint.
     """
     _require_ddp(model, "install_ddp_hook", "GradientSync(compressor).sync_gradients(model) after backward()")
-    sync_keys = {"transport", "seed", "group", "stats", "fused"}
-    sync_options = {k: options.pop(k) for k in list(options) if k in sync_keys}
-    if "bucket_numel" in options:
-        raise ValueError(
-            "bucket_numel is DDP's through the hook: set DistributedDataParallel(bucket_cap_mb=...) instead"
-        )
+    sync_options = {k: options.pop(k) for k in list(options) if k in _SYNC_KEYWORDS}
+    _check_compressor_keywords(compressor, options)
     if isinstance(compressor, str):
         compressor = build_compressor(compressor, **options)
-    elif options:
-        raise ValueError(
-            f"options {sorted(options)} given with a compressor instance; build it with them instead"
-        )
     sync = GradientSync(
         compressor, error_feedback=error_feedback, compress_per_tensor=compress_per_tensor, **sync_options
     )
     sync.name_parameters(model.module)
     model.register_comm_hook(sync, compressed_allreduce_hook)
     return sync
+
+
+def _check_compressor_keywords(compressor: Compressor | str, options: dict[str, Any]) -> None:
+    """Refuse what is neither the hook's keyword nor one of the compressor's options (a typo such
+    as ``error_feedbak``: the error lists both sets), and options beside a built instance."""
+    if "bucket_numel" in options:
+        raise ValueError(
+            "bucket_numel is DDP's through the hook: set DistributedDataParallel(bucket_cap_mb=...) instead"
+        )
+    if isinstance(compressor, str):
+        allowed, named, built = list(compressor_options(compressor)), f"compressor {compressor!r}", False
+    else:  # by name only: a user's compressor class need not be annotated
+        variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+        params = inspect.signature(type(compressor)).parameters.items()
+        allowed = [n for n, p in params if p.kind not in variadic]
+        named, built = f"compressor {type(compressor).__name__}", True
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise ValueError(
+            f"unknown keyword(s) {', '.join(unknown)} for install_ddp_hook: its own are "
+            f"{', '.join(HOOK_KEYWORDS)}; {named} takes {', '.join(allowed) or 'no options'}"
+            + (" (when it is built, not here)" if built else "")
+        )
+    if built and options:
+        raise ValueError(
+            f"options {sorted(options)} given with a compressor instance; build it with them instead"
+        )
 
 
 def method_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 from torch.futures import Future
 
-from ..compressors.base import Compressor, CompressorRNG
+from ..compressors.base import Compressor, CompressorRNG, check_fp32_layers
 from ..feedback import ErrorFeedback
 from ..finite import assert_finite, caller_checks, flat_finite
 from .collectives import ProcessGroup, get_rank
@@ -187,12 +187,7 @@ class GradientSync:
         wanted = self.compressor.fp32_layers
         if not wanted or self._fp32_checked:
             return
-        unknown = [n for n in wanted if not any(x == n or x.startswith(n + ".") for x in names)]
-        if unknown:
-            raise ValueError(
-                f"fp32_layers names no parameter or module here: {', '.join(unknown)}; "
-                f"parameters: {', '.join(names)}"
-            )
+        check_fp32_layers(wanted, names, "here")
         self._fp32_checked = True
 
     # -- the explicit path ------------------------------------------------------------------------

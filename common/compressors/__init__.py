@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+from ..checks import check_declared, declared_options
 from ..registry import lookup
 from .base import Compressor, CompressorRNG, Payload, check_density, num_kept
 from .cast import BF16, FP16
@@ -38,27 +39,30 @@ COMPRESSORS: dict[str, type[Compressor]] = {
 }
 
 
+def compressor_options(compressor: str | type[Compressor]) -> dict[str, Any]:
+    """The options of a compressor (a registry name or a class), in its constructor's order:
+    name -> the declared type ``build_compressor`` checks a value against."""
+    cls = lookup(COMPRESSORS, compressor, "compressor") if isinstance(compressor, str) else compressor
+    return declared_options(cls)
+
+
 def build_compressor(name: str, **options: Any) -> Compressor:
-    """Build a registered compressor by name; unknown names or options raise a ``ValueError``."""
+    """Build a registered compressor by name. Unknown names or options, missing ones, and values
+    of the wrong type (``scaled: "no"``, ``bits: 4.0``) raise a ``ValueError`` naming the option
+    and what it takes; ranges are the constructor's."""
     cls = lookup(COMPRESSORS, name, "compressor")
-    params = inspect.signature(cls.__init__).parameters
-    allowed = [p for p in params if p != "self" and params[p].kind is not inspect.Parameter.VAR_KEYWORD]
-    unknown = sorted(set(options) - set(allowed))
+    declared = compressor_options(cls)
+    unknown = sorted(set(options) - set(declared))
     if unknown:
         raise ValueError(
             f"unknown option(s) {', '.join(unknown)} for compressor {name!r}; "
-            f"allowed: {', '.join(allowed) or '(none)'}"
+            f"allowed: {', '.join(declared) or '(none)'}"
         )
-    positional = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
-    required = [
-        p
-        for p in allowed
-        if params[p].default is inspect.Parameter.empty
-        and params[p].kind not in positional
-        and p not in options
-    ]
+    params = inspect.signature(cls).parameters
+    required = [p for p in declared if params[p].default is inspect.Parameter.empty and p not in options]
     if required:
         raise ValueError(f"compressor {name!r} needs option(s) {', '.join(required)}")
+    check_declared(f"compressor {name!r} option", options, declared)
     return cls(**options)
 
 
@@ -79,5 +83,6 @@ __all__ = [
     "TopK",
     "build_compressor",
     "check_density",
+    "compressor_options",
     "num_kept",
 ]

@@ -17,6 +17,7 @@ same call sequence on every rank, e.g. random-k indices that all ranks must agre
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import inspect
 import math
@@ -270,6 +271,33 @@ def check_fused_rng(fused_rng: bool) -> bool:
             f"fused_rng must be true or false (draw the noise inside the quantizing kernel), got {fused_rng!r}"
         )
     return fused_rng
+
+
+def check_fp32_layers(wanted: Sequence[str], names: Sequence[str], where: str) -> None:
+    """Refuse a name of ``wanted`` (a compressor's ``fp32_layers``) that is neither one of the
+    parameter ``names`` nor a module holding some (``layer1`` covers ``layer1.0.weight``); the
+    error says ``where`` the names come from, the closest valid name and a few of them."""
+    unknown = [n for n in wanted if not any(x == n or x.startswith(n + ".") for x in names)]
+    if not unknown:
+        return
+    modules = {name.rsplit(".", i)[0] for name in names for i in range(1, name.count(".") + 1)}
+    close = [m for n in unknown for m in difflib.get_close_matches(n, [*sorted(modules), *names], n=1)]
+    shown = list(names) if len(names) <= 8 else [*names[:4], "...", *names[-2:]]
+    top = list(dict.fromkeys(name.split(".")[0] for name in names if "." in name))
+    raise ValueError(
+        f"fp32_layers names no parameter or module {where}: {', '.join(unknown)}"
+        + (f" (closest: {', '.join(close)})" if close else "")
+        + "; a name is a parameter or a module holding some: "
+        + (f"top-level modules {', '.join(top[:12])}{', ...' if len(top) > 12 else ''}; " if top else "")
+        + f"{len(names)} parameters {', '.join(shown)}"
+    )
+
+
+def check_flag(name: str, value: bool) -> bool:
+    """A constructor's switch, refused unless a bool (``bool("no")`` would be True)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be true or false, got {value!r}")
+    return value
 
 
 def num_kept(numel: int, density: float) -> int:

@@ -56,7 +56,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 from torch import Tensor
@@ -64,13 +64,14 @@ from torch import Tensor
 from kernels._dispatch import use_native, use_triton
 from kernels.threshold_select import estimate_threshold, threshold_select
 
-from .base import CompressorRNG, Payload, check_density, index_dtype, num_kept
+from .base import CompressorRNG, Payload, check_density, check_flag, index_dtype, num_kept
 from .decoders import SparseCompressor, scatter_sum_into
 from .segments import SegmentDraws, Segments, num_kept_table
 from .select import kth_largest, segmented_topk
 from .topk import sparse_payload
 
-TRUNCATIONS = ("magnitude", "position")
+Truncation = Literal["magnitude", "position"]
+TRUNCATIONS: tuple[str, ...] = get_args(Truncation)
 
 #: ``(values_C, indices_C, count)``: the entries a round selected, and how many.
 Selection = tuple[Tensor, Tensor, int]
@@ -124,7 +125,7 @@ class DGC(SparseCompressor):
         lower_bound: float = 0.8,
         max_adaptation_iters: int = 10,
         resample: bool = True,
-        truncation: str = "magnitude",
+        truncation: Truncation = "magnitude",
     ) -> None:
         self.density = check_density(density)
         self.sample_ratio = _check_fraction("sample_ratio", sample_ratio)
@@ -142,8 +143,8 @@ class DGC(SparseCompressor):
         if truncation not in TRUNCATIONS:
             raise ValueError(f"truncation must be one of {', '.join(TRUNCATIONS)}, got {truncation!r}")
         self.truncation = truncation
-        self.strided_sample = bool(strided_sample)
-        self.resample = bool(resample)
+        self.strided_sample = check_flag("strided_sample", strided_sample)
+        self.resample = check_flag("resample", resample)
         self.last_selection: dict[str, Any] = {}
 
     def sample_plan(self, numel: int) -> tuple[int, int]:

@@ -33,6 +33,7 @@ generator state they decode to the same tensor bit for bit.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal, get_args
 
 import torch
 from torch import Tensor
@@ -56,7 +57,8 @@ from .elias import (
 )
 from .segments import SegmentDraws, Segments
 
-ENCODINGS = ("fixed", "elias")
+Encoding = Literal["fixed", "elias"]
+ENCODINGS: tuple[str, ...] = get_args(Encoding)
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -101,7 +103,7 @@ class QSGD(DenseDecoder):
         bits: int = 4,
         bucket_size: int = 512,
         norm: Norm = "l2",
-        encoding: str = "fixed",
+        encoding: Encoding = "fixed",
         fused_rng: bool = False,
     ) -> None:
         if isinstance(bits, bool) or bits not in ALLOWED_BITS:

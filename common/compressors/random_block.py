@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from .base import Compressor, CompressorRNG, Payload, check_density, check_out, num_kept
+from .base import Compressor, CompressorRNG, Payload, check_density, check_flag, check_out, num_kept
 from .segments import SegmentDraws, Segments, num_kept_table
 
 
@@ -46,7 +46,7 @@ class RandomBlock(Compressor):
 
     def __init__(self, density: float, *, scaled: bool = False) -> None:
         self.density = check_density(density)
-        self.scaled = bool(scaled)
+        self.scaled = check_flag("scaled", scaled)
         self.unbiased = self.scaled
 
     def compress(self, x: Tensor, rng: CompressorRNG) -> Payload:

@@ -12,7 +12,16 @@ from torch import Tensor
 
 from kernels.segment_noise import tensor_noise
 
-from .base import Compressor, CompressorRNG, Payload, check_density, check_out, index_dtype, num_kept
+from .base import (
+    Compressor,
+    CompressorRNG,
+    Payload,
+    check_density,
+    check_flag,
+    check_out,
+    index_dtype,
+    num_kept,
+)
 from .decoders import scatter_sum_into
 from .segments import SegmentDraws, Segments, num_kept_table
 from .select import segmented_topk
@@ -38,8 +47,8 @@ class RandomK(Compressor):
 
     def __init__(self, density: float, *, scaled: bool = True, shared_indices: bool = True) -> None:
         self.density = check_density(density)
-        self.scaled = bool(scaled)
-        self.shared_indices = bool(shared_indices)
+        self.scaled = check_flag("scaled", scaled)
+        self.shared_indices = check_flag("shared_indices", shared_indices)
         self.linear = self.shared_indices
         self.unbiased = self.scaled
 

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import inspect
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from torch import nn
 
+from common.checks import check_declared, declared_options
 from common.registry import lookup
 
 from .airbench import AirbenchNet
@@ -43,7 +44,9 @@ __all__ = [
     "VGGSmall",
     "bf16_lstm_supported",
     "build_model",
+    "check_model_options",
     "count_parameters",
+    "model_options",
 ]
 
 MODELS: dict[str, Callable[..., nn.Module]] = {
@@ -78,17 +81,12 @@ def build_model(
     ``num_classes``, ``in_channels`` and ``image_size`` go to the image models, ``vocab_size`` to the
     language models (required there); ``kwargs`` are the model's own options (e.g. ``hidden_sizes``,
     ``width``, ``hidden_dim``, ``n_layer``). Unknown names or options raise ``ValueError`` listing
-    the valid ones; a ``vocab_size`` given to an image model is ignored with a warning.
+    the valid ones, a value of the wrong type names the option and its type
+    (:func:`check_model_options`); a ``vocab_size`` given to an image model is ignored with a warning.
     """
-    builder = lookup(MODELS, name, "model")
+    check_model_options(name, kwargs)
+    builder = MODELS[name]
     accepted = inspect.signature(builder).parameters
-    options = sorted(p for p in accepted if p not in _COMMON_ARGS)
-    unknown = sorted(set(kwargs) - set(options))
-    if unknown:
-        raise ValueError(
-            f"unknown option(s) for model {name!r}: {', '.join(unknown)}; "
-            f"allowed: {', '.join(options) or '(none)'}"
-        )
     common: dict[str, Any] = {
         "num_classes": num_classes,
         "in_channels": in_channels,
@@ -101,6 +99,24 @@ def build_model(
     elif vocab_size is not None:
         warnings.warn(f"vocab_size={vocab_size} is ignored by model {name!r}", stacklevel=2)
     return builder(**{k: v for k, v in common.items() if k in accepted}, **kwargs)
+
+
+def model_options(name: str) -> dict[str, Any]:
+    """The options of model ``name`` (``model_options:`` of a run): option -> its declared type."""
+    return declared_options(lookup(MODELS, name, "model"), skip=_COMMON_ARGS)
+
+
+def check_model_options(name: str, options: Mapping[str, Any]) -> None:
+    """Refuse an unknown model, an option it does not take or a value of the wrong type, each
+    error naming the model and what is allowed (cheap: no model is built)."""
+    declared = model_options(name)
+    unknown = sorted(set(options) - set(declared))
+    if unknown:
+        raise ValueError(
+            f"unknown option(s) for model {name!r}: {', '.join(unknown)}; "
+            f"allowed: {', '.join(sorted(declared)) or '(none)'}"
+        )
+    check_declared(f"model {name!r} option", options, declared)
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
+import yaml
 
 from common.config import RunConfig, compose
 from common.methods import STRATEGIES, checked_config
@@ -73,6 +75,53 @@ def test_bad_run_parameters_are_rejected(values, message):
         checked_config(values)
 
 
+# Issue 45: compressor and model options were checked by name only, fp32_layers in the workers.
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"compressor": "randomk", "compressor_options": {"density": 0.1, "scaled": "no"}},
+         "compressor 'randomk' option scaled must be true or false, got 'no' (str)"),
+        ({"compressor": "random_block", "compressor_options": {"density": 0.1, "scaled": "no"}},
+         "compressor 'random_block' option scaled must be true or false, got 'no' (str)"),
+        ({"compressor": "randomk", "compressor_options": {"density": 0.1, "shared_indices": "no"}},
+         "compressor 'randomk' option shared_indices must be true or false, got 'no' (str)"),
+        ({"compressor": "dgc", "compressor_options": {"density": 0.01, "resample": "no"}},
+         "compressor 'dgc' option resample must be true or false, got 'no' (str)"),
+        ({"compressor": "dgc", "compressor_options": {"density": 0.01, "strided_sample": "no"}},
+         "compressor 'dgc' option strided_sample must be true or false, got 'no' (str)"),
+        ({"compressor": "qsgd", "compressor_options": {"bits": 4.0}},
+         "compressor 'qsgd' option bits must be an integer, got 4.0 (float)"),
+        ({"model": "mlp", "model_options": {"hidden": [32]}},
+         "unknown option(s) for model 'mlp': hidden; allowed: hidden_sizes"),
+        ({"model": "lenet5", "model_options": {"width": 2}}, "unknown option(s) for model 'lenet5': width; allowed: (none)"),
+        ({"model": "mlp", "model_options": {"hidden_sizes": 32}},
+         "model 'mlp' option hidden_sizes must be a list of integers, got 32 (int)"),
+        ({"model": "mlp", "model_options": {"hidden_sizes": [32.5]}},
+         "model 'mlp' option hidden_sizes must be a list of integers, got [32.5] (list)"),
+        ({"dataset": "cifar10", "model": "airbench", "model_options": {"whiten": "no"}},
+         "model 'airbench' option whiten must be true or false, got 'no' (str)"),
+        ({"dataset": "cifar10", "model": "cifar10_alexnet", "compressor": "terngrad",
+          "compressor_options": {"fp32_layers": ["logit"]}},
+         "fp32_layers names no parameter or module of model 'cifar10_alexnet': logit (closest: logits); a name is "
+         "a parameter or a module holding some: top-level modules conv1, conv2, fc3, fc4, logits; 10 parameters "
+         "conv1.weight, conv1.bias, conv2.weight, conv2.bias, ..., logits.weight, logits.bias"),
+        ({"model": "mlp", "compressor": "terngrad", "compressor_options": {"fp32_layers": ["layers.9"]}},
+         "fp32_layers names no parameter or module of model 'mlp': layers.9 (closest: layers.5)"),
+    ],
+)  # fmt: skip
+def test_compressor_and_model_options_are_checked_before_any_worker_starts(values, message):
+    with pytest.raises(ValueError) as error:
+        checked_config(values)
+    assert str(error.value).startswith(message), str(error.value)
+
+
+def test_fp32_layers_that_name_a_module_or_a_parameter_pass():
+    for names in (["logits"], ["logits.weight", "conv1"], ["fc3", "fc4"]):
+        options = {"fp32_layers": names}
+        config = checked_config({"dataset": "cifar10", "model": "cifar10_alexnet", "compressor": "terngrad", "compressor_options": options})  # fmt: skip
+        assert config.compressor_options == options
+
+
 def test_compose_layers_and_errors():
     params = {
         "scale": "cpu",
@@ -95,6 +144,20 @@ def test_launcher_refuses_before_starting_any_worker(monkeypatch):
     assert "unknown run 'nope'; valid names: fp16, fp32, topk1_ef" in message
     message = launch_refusal(monkeypatch, ["nonexistent", "fp32"])
     assert "unknown pipeline 'nonexistent'" in message and "baseline" in message
+
+
+def test_launcher_refuses_a_compressor_option_of_the_wrong_type_before_any_worker(tmp_path, monkeypatch):
+    pipeline = tmp_path / "own"  # a pipeline of one's own: a folder with params.yaml
+    pipeline.mkdir()
+    options = {"density": 0.1, "scaled": "no"}
+    params = {"scale": "t", "scales": {"t": {}}, "defaults": {"compressor": "randomk"}, "runs": {"r": {"compressor_options": options}}}  # fmt: skip
+    (pipeline / "params.yaml").write_text(yaml.safe_dump(params))
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # main() exports settings for its workers
+    message = launch_refusal(monkeypatch, [str(pipeline), "r", "--out", str(tmp_path / "run")])
+    assert message.endswith(
+        "run 'r': compressor 'randomk' option scaled must be true or false, got 'no' (str)"
+    ), message
+    assert not (tmp_path / "run").exists()
 
 
 def test_launcher_names_the_data_folder_it_looked_in(tmp_path, monkeypatch):

