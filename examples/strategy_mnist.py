@@ -4,20 +4,24 @@
     torchrun --standalone --nproc_per_node 2 examples/strategy_mnist.py --method dgc --steps 300
     torchrun --standalone --nproc_per_node 4 examples/strategy_mnist.py --method matcha
     torchrun --standalone --nproc_per_node 2 examples/strategy_mnist.py --method terngrad,def,exdyna
+    torchrun --standalone --nproc_per_node 2 examples/strategy_mnist.py --method def --lr 0.02 \
+        --steps 2000 --eval-every 100 --def-eval-at virtual
 
-Methods: ``terngrad``, ``qsgd`` (4 bits), ``dgc`` (0.1 %, momentum correction, masking, warm-up),
-``def`` and ``def_a`` (random block 1/16, mu 0.3; DEF-A averages every 4 steps), ``exdyna`` (1 %),
-``matcha`` (gossip over the 2-node graph or a ring, budget 0.5) and ``sparse_axonn`` (80 % pruned,
-compact AdamW and all-reduce over the unpruned entries). The model is the user's own plain module,
-not wrapped in DDP: the method makes every exchange. The thinwire lines are the method's
-constructor (:func:`build_method`) and ``strategy.optimizer(model, torch.optim.SGD, ...)``; each
+Methods (the arguments of docs/library.md's method table): ``fp32`` (plain averaging, for
+reference), ``terngrad``, ``qsgd`` (4 bits), ``dgc`` (1 %, momentum correction, masking, 47 steps
+of warm-up), ``def`` and ``def_a`` (random block 1/16, mu 0.3, lr 0.01, evaluated at ``x``; DEF-A
+averages every 4 steps), ``exdyna`` (0.1 %), ``matcha`` (gossip over the complete graph, or a ring
+from 3 ranks, budget 0.5) and ``sparse_axonn`` (80 % pruned, compact AdamW and all-reduce over the
+unpruned entries); SGD at lr 0.05 unless said. The model is the user's own plain module, not
+wrapped in DDP: the method makes every exchange. The thinwire lines are the method's constructor
+(:func:`build_method`) and ``strategy.optimizer(model, torch.optim.SGD, ...)``; each
 ``optimizer.step()`` then averages (or compresses, or gossips) and updates as the thinwire loop
 does, and ``with strategy.evaluating(model):`` evaluates what the method defines as the model (DEF's
-virtual iterate, the average of the gossiping workers' models). Real MNIST
-(``../shared/data``), a small CNN, SGD with momentum (AdamW for sparse AxoNN). Prints test
-accuracy and the bits each rank sent against fp32's. ``--checkpoint`` saves model, optimizer and
-method state per rank at the end and resumes from them: the continued run equals an uninterrupted
-one bit for bit.
+``x`` here, ``--def-eval-at virtual`` for its virtual iterate; the average of the gossiping
+workers' models). Real MNIST (``../shared/data``), a small CNN, SGD with momentum (AdamW for sparse
+AxoNN). Prints test accuracy (every ``--eval-every`` steps too: ``curve``) and the bits each rank
+sent against fp32's. ``--checkpoint`` saves model, optimizer and method state per rank at the end
+and resumes from them: the continued run equals an uninterrupted one bit for bit.
 
 Sparse AxoNN's masks here prune the freshly initialised weights by magnitude; its pipeline prunes a
 trained model (``papers/sparse_axonn/prune.py``) and loads the masks with
@@ -48,7 +52,12 @@ from common.strategies import (
 from papers.sparse_axonn.pruning import magnitude_masks
 from papers.sparse_axonn.strategies import CompactDataParallel
 
-METHODS = ("terngrad", "qsgd", "dgc", "def", "def_a", "exdyna", "matcha", "sparse_axonn")
+METHODS = ("fp32", "terngrad", "qsgd", "dgc", "def", "def_a", "exdyna", "matcha", "sparse_axonn")
+
+
+#: SGD's learning rate per method where it is not 0.05 (DEF's gradients are taken at a point that
+#: lags its update by ~(1 - mu) / density steps: 0.05 diverges, docs/library.md), AdamW's for sparse AxoNN.
+LEARNING_RATES = {"def": 0.01, "def_a": 0.01, "sparse_axonn": 1e-3}
 
 
 def small_cnn() -> nn.Module:
@@ -59,24 +68,26 @@ def small_cnn() -> nn.Module:
     )  # fmt: skip
 
 
-def build_method(name: str, model: nn.Module, world: int) -> SyncStrategy:
+def build_method(name: str, model: nn.Module, world: int, def_eval_at: str = "global") -> SyncStrategy:
     """The one line that picks the method (``model``: sparse AxoNN prunes it)."""
+    if name == "fp32":
+        return DataParallel(GradientSync(build_compressor("identity")))
     if name == "terngrad":
         return DataParallel(GradientSync(build_compressor("terngrad")))
     if name == "qsgd":
         return DataParallel(GradientSync(build_compressor("qsgd", bits=4)))
     if name == "dgc":
-        warmup = [0.25, 0.0625, 0.015625, 0.004]  # the paper's densities over the first epochs
-        dgc = build_compressor("dgc", density=0.001)
+        warmup = [0.25, 0.0625, 0.015625]  # the paper's first densities, over 0.1 epoch (47 steps)
+        dgc = build_compressor("dgc", density=0.01)
         return DGCDataParallel(
-            dgc, momentum=0.9, weight_decay=5e-4, options={"warmup": warmup, "warmup_epochs": 0.5}
+            dgc, momentum=0.9, weight_decay=5e-4, options={"warmup": warmup, "warmup_epochs": 0.1}
         )
     if name in ("def", "def_a"):
-        options = {"mu": 0.3, "average_every": 4 if name == "def_a" else None}
+        options = {"mu": 0.3, "average_every": 4 if name == "def_a" else None, "eval_at": def_eval_at}
         block = build_compressor("random_block", density=1 / 16)
         return DetachedEFDataParallel(block, momentum=0.9, weight_decay=5e-4, options=options)
     if name == "exdyna":
-        return SparseDataParallel(options={"selector": "exdyna", "density": 0.01})
+        return SparseDataParallel(options={"selector": "exdyna", "density": 0.001})
     if name == "matcha":
         graph = {"graph": "erdos_renyi", "edge_prob": 1.0} if world < 3 else {"graph": "ring"}
         return GossipStrategy.from_options({"mode": "matcha", "budget": 0.5, **graph})
@@ -86,16 +97,37 @@ def build_method(name: str, model: nn.Module, world: int) -> SyncStrategy:
     raise ValueError(f"unknown method {name!r}; valid: {', '.join(METHODS)}")
 
 
-def train_one(method: str, steps: int, checkpoint: Path | None, rank: int, world: int) -> dict:
+def test_accuracy(strategy: SyncStrategy, model: nn.Module, rank: int, world: int) -> float:
+    """Accuracy on the whole MNIST test split (each rank a half) at the method's evaluation point."""
+    test = load_dataset("mnist", "test")
+    with torch.no_grad(), strategy.evaluating(model):
+        x, y = test.get_batch(torch.arange(rank, len(test), world))
+        correct = torch.tensor([(model(x).argmax(1) == y).sum().item(), len(y)], dtype=torch.float64)
+    dist.all_reduce(correct)
+    return float(correct[0] / correct[1])
+
+
+def train_one(
+    method: str,
+    steps: int,
+    checkpoint: Path | None,
+    rank: int,
+    world: int,
+    lr: float | None = None,
+    eval_every: int = 0,
+    def_eval_at: str = "global",
+) -> dict:
     """Train ``method`` from the same initial model for ``steps`` (resuming from ``checkpoint``
-    if it exists, saving there at the end); returns what rank 0 prints."""
+    if it exists, saving there at the end), at ``lr`` (None: the method's in :data:`LEARNING_RATES`),
+    evaluating every ``eval_every`` steps too (0: at the end only); returns what rank 0 prints."""
     torch.manual_seed(0)
     model = small_cnn()
-    strategy = build_method(method, model, world)
+    strategy = build_method(method, model, world, def_eval_at)
+    lr = LEARNING_RATES.get(method, 0.05) if lr is None else lr
     if method == "sparse_axonn":
-        optimizer = strategy.optimizer(model, torch.optim.AdamW, lr=1e-3)
+        optimizer = strategy.optimizer(model, torch.optim.AdamW, lr=lr)
     else:
-        optimizer = strategy.optimizer(model, torch.optim.SGD, lr=0.05, momentum=0.9, weight_decay=5e-4)
+        optimizer = strategy.optimizer(model, torch.optim.SGD, lr=lr, momentum=0.9, weight_decay=5e-4)
     start = 0
     if checkpoint is not None and checkpoint.exists():
         state = torch.load(checkpoint, weights_only=False)
@@ -103,6 +135,7 @@ def train_one(method: str, steps: int, checkpoint: Path | None, rank: int, world
         optimizer.load_state_dict(state["optimizer"])
         strategy.load_state_dict(state["strategy"])
         start = state["step"]
+    curve: list[list[float]] = []
 
     train = load_dataset("mnist", "train")
     steps_per_epoch = len(train) // (64 * world)
@@ -114,22 +147,25 @@ def train_one(method: str, steps: int, checkpoint: Path | None, rank: int, world
         optimizer.zero_grad()
         nn.functional.cross_entropy(model(x), y).backward()
         optimizer.step()  # the method's exchange and update
+        if eval_every and (step + 1) % eval_every == 0 and step + 1 < start + steps:
+            curve.append([step + 1, test_accuracy(strategy, model, rank, world)])
 
-    test = load_dataset("mnist", "test")
-    with torch.no_grad(), strategy.evaluating(model):
-        x, y = test.get_batch(torch.arange(rank, len(test), world))
-        correct = torch.tensor([(model(x).argmax(1) == y).sum().item(), len(y)], dtype=torch.float64)
-    dist.all_reduce(correct)
+    accuracy = test_accuracy(strategy, model, rank, world)
     if checkpoint is not None:
         state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                  "strategy": strategy.state_dict(), "step": start + steps}  # fmt: skip
         torch.save(state, checkpoint)
     summary = strategy.stats.summary()
-    return {
-        "method": method, "steps": start + steps, "world_size": world,
-        "test_accuracy": float(correct[0] / correct[1]),
+    result = {
+        "method": method, "steps": start + steps, "world_size": world, "lr": lr,
+        "test_accuracy": accuracy,
         "bits_per_step": summary["bits_per_step"], "compression_factor": summary["compression_factor"],
     }  # fmt: skip
+    if method in ("def", "def_a"):
+        result["eval_at"] = def_eval_at
+    if eval_every:
+        result["curve"] = [*curve, [start + steps, accuracy]]  # [step, test accuracy]
+    return result
 
 
 def main() -> None:
@@ -143,6 +179,12 @@ def main() -> None:
     parser.add_argument(
         "--checkpoint", default=None, help="save at the end (one file per rank); resume if there"
     )
+    parser.add_argument("--lr", type=float, default=None, help="override the method's learning rate")
+    parser.add_argument("--eval-every", type=int, default=0, help="also evaluate every N steps (a curve)")
+    parser.add_argument(
+        "--def-eval-at", default="global", choices=("global", "virtual"),
+        help="DEF's evaluation point: x (global, the table's) or the virtual iterate x - mean(e)",
+    )  # fmt: skip
     args = parser.parse_args()
     methods = args.method.split(",")
     unknown = [m for m in methods if m not in METHODS]
@@ -155,7 +197,9 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     checkpoint = Path(f"{args.checkpoint}.rank{rank}") if args.checkpoint else None
     for method in methods:
-        result = train_one(method, args.steps, checkpoint, rank, world)
+        result = train_one(
+            method, args.steps, checkpoint, rank, world, args.lr, args.eval_every, args.def_eval_at
+        )
         if rank == 0:
             print(json.dumps(result), flush=True)
     dist.destroy_process_group()
