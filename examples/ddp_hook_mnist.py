@@ -13,8 +13,9 @@ with momentum; the one thinwire line is ``install_ddp_hook``. With ``--dgc-step`
 step instead (momentum correction, masking, local weight decay; ``--compressor`` is then DGC's
 sparsifier): ``DGCDataParallel(...).install(ddp_model, lr)`` registers the hook and returns the
 optimizer. Prints test accuracy and the bits
-the hook sent against fp32's. ``--checkpoint`` saves model, optimizer and hook state at the end
-and resumes from them when the file exists: the continued run equals an uninterrupted one bit
+the hook sent against fp32's. ``--checkpoint PATH`` saves model, optimizer and hook state at the end,
+one file per rank (``PATH.rank<r>``: error-feedback residuals and random streams differ between
+ranks), and resumes from them when they exist: the continued run equals an uninterrupted one bit
 for bit (the hook's random draws are keyed by parameter, not by DDP's bucket order).
 """
 
@@ -54,7 +55,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--error-feedback", action="store_true", help="keep what compression left out")
     parser.add_argument("--steps", type=int, default=100, help="training steps (batches of 64 per rank)")
     parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--checkpoint", default=None, help="save at the end; resume from it if it exists")
+    parser.add_argument(
+        "--checkpoint",
+        default=None,
+        help="save at the end (PATH.rank<r>, one file per rank); resume from them if they exist",
+    )
     parser.add_argument("--dgc-step", action="store_true", help="DGC's step (momentum correction) in DDP")
     return parser.parse_args(argv)
 
@@ -79,8 +84,9 @@ def train(args: argparse.Namespace, rank: int, world: int) -> dict:
         )
         optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     start = 0
-    if args.checkpoint and Path(args.checkpoint).exists():
-        state = torch.load(args.checkpoint, weights_only=False)
+    checkpoint = Path(f"{args.checkpoint}.rank{rank}") if args.checkpoint else None
+    if checkpoint is not None and checkpoint.exists():
+        state = torch.load(checkpoint, weights_only=False)
         model.module.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         sync.load_state_dict(state["sync"])
@@ -100,11 +106,11 @@ def train(args: argparse.Namespace, rank: int, world: int) -> dict:
         x, y = test.get_batch(torch.arange(rank, len(test), world))
         correct = torch.tensor([(model.module(x).argmax(1) == y).sum().item(), len(y)], dtype=torch.float64)
     dist.all_reduce(correct)
-    if args.checkpoint and rank == 0:
+    if checkpoint is not None:  # every rank its own file: its residuals are its own
         torch.save(
             {"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
              "sync": sync.state_dict(), "step": start + args.steps},
-            args.checkpoint,
+            checkpoint,
         )  # fmt: skip
     dist.barrier()  # the checkpoint is whole before any rank returns (and may start again from it)
     summary = sync.stats.summary()

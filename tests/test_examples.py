@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
 import torch
 
 from common.paths import REPO_ROOT
@@ -52,16 +53,27 @@ def _plain_loop_runs(rank: int, world: int, runs: list[tuple[int, str]]) -> list
     return [script.train_one("def_a", steps, Path(f"{ckpt}.rank{rank}"), rank, world) for steps, ckpt in runs]
 
 
-def test_the_ddp_hook_example_trains_compressed_and_resumes_bit_exactly(tmp_path):
+@pytest.mark.parametrize(
+    "args, factor",
+    [
+        (["--compressor", "terngrad"], 10),  # 2-bit codes and one scaler per tensor against fp32
+        # each rank's residuals are its own: a resume must give every rank its own file
+        (["--compressor", "topk", "--options", '{"density": 0.05}', "--error-feedback"], 5),
+    ],
+    ids=["terngrad", "topk-ef"],
+)
+def test_the_ddp_hook_example_trains_compressed_and_resumes_bit_exactly(tmp_path, args, factor):
     straight, split = tmp_path / "straight.pt", tmp_path / "split.pt"
-    args = ["--compressor", "terngrad", "--steps"]
+    args = [*args, "--steps"]
     runs = [[*args, "12", "--checkpoint", str(split)]] * 2 + [[*args, "24", "--checkpoint", str(straight)]]
     first, resumed, whole = run_ranks(_ddp_hook_runs, 2, runs, tmp_path=tmp_path, timeout=300)[0]
     assert first["steps"] == 12 and resumed["steps"] == whole["steps"] == 24
     assert whole["test_accuracy"] > 0.5  # chance is 0.1
-    assert whole["compression_factor"] > 10  # 2-bit codes and one scaler per tensor against fp32
-    a, b = torch.load(straight, weights_only=False), torch.load(split, weights_only=False)
-    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    assert whole["compression_factor"] > factor
+    for rank in range(2):
+        a = torch.load(f"{straight}.rank{rank}", weights_only=False)
+        b = torch.load(f"{split}.rank{rank}", weights_only=False)
+        assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     assert resumed["test_accuracy"] == whole["test_accuracy"]
 
 
