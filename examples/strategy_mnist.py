@@ -10,7 +10,8 @@ Methods: ``terngrad``, ``qsgd`` (4 bits), ``dgc`` (0.1 %, momentum correction, m
 ``matcha`` (gossip over the 2-node graph or a ring, budget 0.5) and ``sparse_axonn`` (80 % pruned,
 compact AdamW and all-reduce over the unpruned entries). The model is the user's own plain module,
 not wrapped in DDP: the method makes every exchange. The thinwire lines are the method's
-constructor (:func:`build_method`) and ``strategy.optimizer(model, torch.optim.SGD, ...)``; each
+constructor (:func:`build_method`; every strategy takes ``(compressor or None, *, options, seed,
+**parts)``) and ``strategy.optimizer(model, torch.optim.SGD, ...)``; each
 ``optimizer.step()`` then averages (or compresses, or gossips) and updates as the thinwire loop
 does, and ``with strategy.evaluating(model):`` evaluates what the method defines as the model (DEF's
 virtual iterate, the average of the gossiping workers' models). Real MNIST
@@ -34,7 +35,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from common.comm import GradientSync
 from common.compressors import build_compressor
 from common.data import load_dataset
 from common.gossip import GossipStrategy
@@ -62,9 +62,9 @@ def small_cnn() -> nn.Module:
 def build_method(name: str, model: nn.Module, world: int) -> SyncStrategy:
     """The one line that picks the method (``model``: sparse AxoNN prunes it)."""
     if name == "terngrad":
-        return DataParallel(GradientSync(build_compressor("terngrad")))
+        return DataParallel(build_compressor("terngrad"))
     if name == "qsgd":
-        return DataParallel(GradientSync(build_compressor("qsgd", bits=4)))
+        return DataParallel(build_compressor("qsgd", bits=4))
     if name == "dgc":
         warmup = [0.25, 0.0625, 0.015625, 0.004]  # the paper's densities over the first epochs
         dgc = build_compressor("dgc", density=0.001)
@@ -79,10 +79,10 @@ def build_method(name: str, model: nn.Module, world: int) -> SyncStrategy:
         return SparseDataParallel(options={"selector": "exdyna", "density": 0.01})
     if name == "matcha":
         graph = {"graph": "erdos_renyi", "edge_prob": 1.0} if world < 3 else {"graph": "ring"}
-        return GossipStrategy.from_options({"mode": "matcha", "budget": 0.5, **graph})
+        return GossipStrategy(options={"mode": "matcha", "budget": 0.5, **graph})
     if name == "sparse_axonn":
         weights = {n: p for n, p in model.named_parameters() if p.dim() > 1}
-        return CompactDataParallel(magnitude_masks(weights, 0.8), weight_decay=0.01)
+        return CompactDataParallel(masks=magnitude_masks(weights, 0.8), weight_decay=0.01)
     raise ValueError(f"unknown method {name!r}; valid: {', '.join(METHODS)}")
 
 

@@ -154,6 +154,14 @@ class DGCDataParallel(SyncStrategy):
         update="own", memory="own", own_memory="momentum correction / error feedback on the update"
     )
     ignores = (("transport", "auto", "DGC all-gathers its sparse payloads"),)
+    forces = (
+        (
+            "compress_per_tensor",
+            True,
+            "DGC selects the top entries of each layer (its sampled threshold is per tensor), "
+            "also inside a bucket",
+        ),
+    )
 
     @classmethod
     def check_options(cls, options: dict[str, Any], world_size: int) -> Options:
@@ -161,19 +169,27 @@ class DGCDataParallel(SyncStrategy):
 
     @classmethod
     def from_config(cls, config: RunConfig, options: Options | None = None) -> DGCDataParallel:
-        return cls(**compressed_update_arguments(config, options))
+        compressor = build_compressor(config.compressor, **config.compressor_options)
+        typed = DGCOptions.from_mapping(config.strategy_options if options is None else options)
+        return cls(compressor, options=typed, **compressed_update_arguments(config))
 
     def __init__(
         self,
-        compressor: Compressor,
+        compressor: Compressor | None = None,
         *,
-        momentum: float,
-        weight_decay: float,
         options: Mapping[str, Any] | DGCOptions | None = None,
-        bucket_numel: int | None = None,
         seed: int = 0,
+        momentum: float = 0.9,
+        weight_decay: float = 0.0,
+        bucket_numel: int | None = None,
         fused: bool | None = None,
     ) -> None:
+        compressor = self.check_compressor(compressor)
+        if compressor is None:
+            raise ValueError(
+                "strategy dgc needs a sparsifier (values + indices, all-gathered), e.g. compressor dgc or topk; "
+                "got none"
+            )
         if compressor.linear or compressor.density is None:
             raise ValueError(
                 f"strategy dgc needs a sparsifier (values + indices, all-gathered), e.g. compressor dgc "
@@ -198,7 +214,7 @@ class DGCDataParallel(SyncStrategy):
             error_feedback=self.memory,
             transport="allgather",
             bucket_numel=bucket_numel,
-            compress_per_tensor=True,
+            compress_per_tensor=self.forced("compress_per_tensor"),
             seed=seed,
             stats=self.stats,
             fused=fused,

@@ -20,6 +20,7 @@ from ..data import Dataset
 from ..distributed import DistContext, barrier, init_from_env, is_collective_timeout, seed_everything
 from ..fileio import check_writable
 from ..loss_scale import LossScaler
+from ..methods import effective_config
 from ..paths import REPO_ROOT
 from ..strategies import SyncStrategy
 from ..tracking import Tracker, loaded_git_sha
@@ -65,6 +66,7 @@ def train(
     loads it once; sparse AxoNN's stage measures each run's memory without it). ``artifacts_dir``:
     where ``model.pt`` and ``ckpt/`` go (default ``out_dir``).
     """
+    config = effective_config(config)  # the settings its strategy forces, as they are run and logged
     ctx = ctx or init_from_env(timeout_s=config.collective_timeout_s)
     if ctx.world_size != get_world_size():
         raise RuntimeError(
