@@ -87,24 +87,22 @@ class SyncStrategy:
         Strategy(compressor=None, *, options=None, seed=0, **parts)
 
     - ``compressor``: the :class:`~common.compressors.Compressor` it sends through (None: identity,
-      every entry in fp32). A strategy with its own exchange (``needs.compressor`` false: sparse
-      selection, gossip, PyTorch's hooks, sparse AxoNN) takes none and refuses one.
-    - ``options``: its typed options (the frozen dataclass :meth:`check_options` returns), or a
-      mapping of them over the defaults, or None (the defaults).
-    - ``seed``: the run's seed, for the shared and per-rank generators (a strategy that draws
-      nothing keeps it and says so).
-    - ``parts``: keyword-only, each with a default. A run setting the strategy reads is named as
-      the :class:`~common.config.RunConfig` field it comes from and defaults to that field's default
-      (``momentum``, ``weight_decay``, ``bucket_numel``, ``error_feedback``, ``transport``,
-      ``compress_per_tensor``, ``hierarchical``; sparse AxoNN's AdamW keeps torch's weight decay,
-      0.01); anything else is a built object the options would otherwise make (a MATCHA ``plan``,
-      sparse AxoNN's ``masks``) or a switch of the library's own (``fused``).
+      where it can use one; DGC needs a sparsifier). A strategy with its own exchange
+      (``needs.compressor`` false: sparse selection, gossip, torch's hooks, sparse AxoNN) refuses one.
+    - ``options``: its typed options (what :meth:`check_options` returns), a mapping of them over
+      the defaults, or None (the defaults).
+    - ``seed``: the run's seed, for its generators (one that draws nothing keeps it and says so).
+    - ``parts``: keyword-only, each with a default. A run setting it reads is named as the
+      :class:`~common.config.RunConfig` field and defaults to that field's default (``momentum``,
+      ``weight_decay``, ``bucket_numel``, ``error_feedback``, ``transport``, ``compress_per_tensor``,
+      ``hierarchical``; sparse AxoNN's AdamW keeps torch's weight decay, 0.01); anything else is a
+      built object the options would otherwise make (a MATCHA ``plan``, sparse AxoNN's ``masks``) or
+      a switch of the library's (``fused``).
 
-    A setting in ``forces`` is not a part: the strategy reads its value from ``forces`` (DGC and
-    DEF compress each tensor on its own). A run may leave it at the RunConfig default, which the
-    forced value overrides (the run's effective config, what it logs and is checkpointed under,
-    holds the forced value: :func:`common.methods.effective_config`), or set the forced value; any
-    other value is an error naming the setting and why.
+    A setting in ``forces`` is not a part: the strategy reads it from ``forces`` (DGC and DEF
+    compress per tensor). A run may leave it at its RunConfig default, which the forced value
+    overrides in the run's effective config (what it runs, logs and is checkpointed under:
+    :func:`common.methods.effective_config`), or set the forced value; any other value is an error.
     """
 
     name: ClassVar[str] = ""
@@ -294,10 +292,15 @@ class SyncStrategy:
             self.after_eval(model)
 
 
-def compressed_update_arguments(config: RunConfig) -> dict[str, Any]:
-    """The keyword parts a strategy that applies momentum SGD itself around the run's compressor
-    (DGC, DEF) reads from a run: the same for both."""
+def compressed_update_arguments(
+    config: RunConfig, options_class: type[Options], options: Options | None = None
+) -> dict[str, Any]:
+    """The constructor arguments of a strategy that applies momentum SGD itself around the run's
+    compressor (DGC, DEF) from a run: the same for both (``options``: typed already, or None to
+    parse the run's)."""
     return {
+        "compressor": build_compressor(config.compressor, **config.compressor_options),
+        "options": options_class.from_mapping(config.strategy_options if options is None else options),
         "seed": config.seed,
         "momentum": config.momentum,
         "weight_decay": config.weight_decay,
@@ -325,13 +328,9 @@ def _broadcast_module_state(model: nn.Module, tensors: str) -> None:
 
 class DataParallel(SyncStrategy):
     """Synchronous data parallelism: every rank's gradients averaged through a :class:`GradientSync`
-    of ``compressor`` (None: identity, a plain fp32 all-reduce) with the run's settings as parts
-    (``error_feedback``, ``transport``, ``bucket_numel``, ``compress_per_tensor``, ``hierarchical``:
-    a dense reduce inside each host and the compressor between hosts; ``fused``: GradientSync's).
-    It takes no options and draws only through the compressor's generators, seeded by ``seed``::
-
-        strategy = DataParallel(build_compressor("qsgd", bits=4), error_feedback=False)
-    """
+    of ``compressor`` (None: identity, a plain fp32 all-reduce) and the run's settings (parts;
+    ``hierarchical``: dense inside each host, the compressor between hosts), seeded by ``seed``;
+    no options. ``DataParallel(build_compressor("qsgd", bits=4), error_feedback=True)``."""
 
     name = "data_parallel"
     host_hierarchy = True

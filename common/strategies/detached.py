@@ -97,14 +97,7 @@ class DetachedEFDataParallel(SyncStrategy):
         update="own", memory="own", own_memory="momentum correction / error feedback on the update"
     )
     ignores = (("transport", "auto", "DEF all-reduces its shared-index blocks"),)
-    forces = (
-        (
-            "compress_per_tensor",
-            True,
-            "DEF compresses each tensor on its own (one random block per tensor, the authors' code), "
-            "also inside a bucket",
-        ),
-    )
+    forces = (("compress_per_tensor", True, "DEF sends one random block per tensor, also in a bucket"),)
 
     @classmethod
     def check_options(cls, options: dict[str, Any], world_size: int) -> Options:
@@ -112,9 +105,7 @@ class DetachedEFDataParallel(SyncStrategy):
 
     @classmethod
     def from_config(cls, config: RunConfig, options: Options | None = None) -> DetachedEFDataParallel:
-        compressor = build_compressor(config.compressor, **config.compressor_options)
-        typed = DEFOptions.from_mapping(config.strategy_options if options is None else options)
-        return cls(compressor, options=typed, **compressed_update_arguments(config))
+        return cls(**compressed_update_arguments(config, DEFOptions, options))
 
     def __init__(
         self,

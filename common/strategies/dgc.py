@@ -154,14 +154,7 @@ class DGCDataParallel(SyncStrategy):
         update="own", memory="own", own_memory="momentum correction / error feedback on the update"
     )
     ignores = (("transport", "auto", "DGC all-gathers its sparse payloads"),)
-    forces = (
-        (
-            "compress_per_tensor",
-            True,
-            "DGC selects the top entries of each layer (its sampled threshold is per tensor), "
-            "also inside a bucket",
-        ),
-    )
+    forces = (("compress_per_tensor", True, "DGC selects the top entries of each layer, also in a bucket"),)
 
     @classmethod
     def check_options(cls, options: dict[str, Any], world_size: int) -> Options:
@@ -169,9 +162,7 @@ class DGCDataParallel(SyncStrategy):
 
     @classmethod
     def from_config(cls, config: RunConfig, options: Options | None = None) -> DGCDataParallel:
-        compressor = build_compressor(config.compressor, **config.compressor_options)
-        typed = DGCOptions.from_mapping(config.strategy_options if options is None else options)
-        return cls(compressor, options=typed, **compressed_update_arguments(config))
+        return cls(**compressed_update_arguments(config, DGCOptions, options))
 
     def __init__(
         self,
@@ -185,15 +176,10 @@ class DGCDataParallel(SyncStrategy):
         fused: bool | None = None,
     ) -> None:
         compressor = self.check_compressor(compressor)
-        if compressor is None:
-            raise ValueError(
-                "strategy dgc needs a sparsifier (values + indices, all-gathered), e.g. compressor dgc or topk; "
-                "got none"
-            )
-        if compressor.linear or compressor.density is None:
+        if compressor is None or compressor.linear or compressor.density is None:
             raise ValueError(
                 f"strategy dgc needs a sparsifier (values + indices, all-gathered), e.g. compressor dgc "
-                f"or topk; got {compressor.name!r}"
+                f"or topk; got {getattr(compressor, 'name', None)!r}"
             )
         self.options = check_dgc_options(options)
         self.compressor = _CountingSparsifier(compressor)
