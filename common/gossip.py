@@ -156,6 +156,17 @@ def step_flags(plan: MatchaPlan, mode: str, step: int, seed: int) -> np.ndarray:
     return np.random.default_rng([seed, step]).random(m) < plan.p
 
 
+def _shared_plan(options: GossipOptions) -> MatchaPlan:
+    """The options' plan, solved by rank 0 and broadcast to every rank (set-up, not training
+    traffic: not counted)."""
+    world = get_world_size()
+    holder: list[MatchaPlan | None] = [build_plan(options, world) if get_rank() == 0 else None]
+    if world > 1:
+        dist.broadcast_object_list(holder, src=0)
+    assert holder[0] is not None
+    return holder[0]
+
+
 def mixing_alpha(plan: MatchaPlan, mode: str, graph_laplacian: np.ndarray) -> float:
     """MATCHA's alpha from the plan; vanilla's for the vanilla and periodic baselines."""
     return plan.alpha if mode == "matcha" else vanilla_weight(graph_laplacian)[0]
@@ -183,14 +194,31 @@ class GossipStrategy(SyncStrategy):
 
     @classmethod
     def from_config(cls, config: RunConfig, options: Options | None = None) -> GossipStrategy:
-        return cls.from_options(
-            GossipOptions.from_mapping(config.strategy_options if options is None else options),
+        return cls(
+            options=GossipOptions.from_mapping(config.strategy_options if options is None else options),
             seed=config.seed,
         )
 
-    def __init__(self, plan: MatchaPlan, *, mode: str = "matcha", seed: int = 0) -> None:
-        if mode not in GOSSIP_MODES:
-            raise ValueError(f"gossip mode must be one of {', '.join(GOSSIP_MODES)}, got {mode!r}")
+    def __init__(
+        self,
+        compressor: None = None,
+        *,
+        options: Mapping[str, Any] | GossipOptions | None = None,
+        seed: int = 0,
+        plan: MatchaPlan | None = None,
+    ) -> None:
+        """``compressor``: none (whole models cross the wire). ``options``: the graph, budget and
+        mode (:class:`GossipOptions`); rank 0 solves their plan and broadcasts it, so every rank
+        draws its flags from the very same probabilities. ``seed``: the flags' draws. ``plan``: a
+        plan solved already (:func:`build_plan`, the same on every rank): then only the options'
+        mode is read, not their graph or budget."""
+        self.check_compressor(compressor)
+        if plan is None:
+            self.options = check_gossip_options(options, get_world_size())
+            plan = _shared_plan(self.options)
+        else:
+            self.options = GossipOptions.from_mapping(options)
+        mode = self.options.mode
         world, rank = get_world_size(), get_rank()
         if plan.num_nodes != world:
             raise ValueError(
@@ -215,17 +243,6 @@ class GossipStrategy(SyncStrategy):
         # Same start everywhere (the paper's workers start from one model); then they drift apart.
         _broadcast_module_state(model, "parameters")
         _broadcast_module_state(model, "buffers")
-
-    @classmethod
-    def from_options(cls, options: Mapping[str, Any] | GossipOptions, *, seed: int = 0) -> GossipStrategy:
-        """``strategy: gossip``: rank 0 solves the plan and broadcasts it to every rank."""
-        world = get_world_size()
-        merged = check_gossip_options(options, world)
-        holder: list[MatchaPlan | None] = [build_plan(merged, world) if get_rank() == 0 else None]
-        if world > 1:
-            dist.broadcast_object_list(holder, src=0)  # set-up, not training traffic: not counted
-        assert holder[0] is not None
-        return cls(holder[0], mode=merged.mode, seed=seed)
 
     def after_step(self, model: nn.Module) -> None:
         flags = step_flags(self.plan, self.mode, self.steps, self.seed)

@@ -1,17 +1,23 @@
 """The one place a method is assembled: every sync strategy a run can name (``strategy:``), the
 checks of a whole run against the registries, and its typed options, parsed once.
 
-A new strategy is one class with ``name``, ``needs``, ``ignores``, ``check_options`` and
-``from_config`` (:class:`~common.strategies.base.SyncStrategy`) and one entry here: the run's
-validation and the loop read only its declarations.
+A new strategy is one class with ``name``, ``needs``, ``ignores``, ``forces``, ``check_options``
+and ``from_config`` (:class:`~common.strategies.base.SyncStrategy`, which also says the one
+constructor shape) and one entry here: the run's validation and the loop read only its
+declarations.
 
 :class:`~common.config.RunConfig` is plain data with its own type and range checks; it imports
 nothing of the library above it. :func:`checked_config` (a run from a mapping, checked whole) and
 :func:`check_run` add what needs the registries: the dataset, model, compressor and transport
 names, the compressor's and the model's options (names and types; TernGrad's ``fp32_layers``
 against the model's parameters), and the strategy's options and declarations. :func:`check_run`
-returns the :class:`Method`: the strategy class and its typed options, which
-:func:`build_strategy` hands to ``from_config`` (never parsed again).
+returns the :class:`Method`: the strategy class, its typed options and the run's effective config
+(the settings the strategy ``forces`` at their forced values), which :func:`build_strategy` hands
+to ``from_config`` (never parsed again). A forced setting may be left at its RunConfig default
+(the forced value overrides it: DGC and DEF compress per tensor whatever ``compress_per_tensor``
+says while it is at its default, false) or set to the forced value; any other value is an error
+naming the setting and why. The run logs, and is checkpointed under, the effective config
+(:func:`effective_config`).
 
 A paper's own strategy is an entry ``"module:attribute"``: the library never imports a paper, it
 knows the paper's strategy by name only and imports it when a run asks for that name (as
@@ -20,6 +26,7 @@ torchtitan's core knows its experiments).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 from collections.abc import Mapping
@@ -73,14 +80,16 @@ def strategy_class(name: str) -> type[SyncStrategy]:
 
 @dataclass(frozen=True)
 class Method:
-    """A checked run's strategy class and its typed options (parsed once, by :func:`check_run`)."""
+    """A checked run's strategy class, its typed options (parsed once, by :func:`check_run`) and
+    the run's effective config (the strategy's ``forces`` applied)."""
 
     strategy: type[SyncStrategy]
     options: Options
+    config: RunConfig
 
-    def build(self, config: RunConfig) -> SyncStrategy:
-        """The strategy of ``config`` (the run these options were checked for)."""
-        return self.strategy.from_config(config, self.options)
+    def build(self) -> SyncStrategy:
+        """The strategy of the run these options were checked for."""
+        return self.strategy.from_config(self.config, self.options)
 
 
 def checked_config(values: Mapping[str, Any]) -> RunConfig:
@@ -115,7 +124,14 @@ def check_run(config: RunConfig) -> Method:
 
 def build_strategy(config: RunConfig) -> SyncStrategy:
     """The strategy ``config.strategy`` names, built from the checked run."""
-    return check_run(config).build(config)
+    return check_run(config).build()
+
+
+def effective_config(config: RunConfig) -> RunConfig:
+    """``config`` with the settings its strategy forces at their forced values (``config`` itself
+    when it has them already): what the run computes with, logs and is checkpointed under."""
+    forced = {s: v for s, v, _ in strategy_class(config.strategy).forces if getattr(config, s) != v}
+    return dataclasses.replace(config, **forced) if forced else config
 
 
 def _parameter_names(config: RunConfig) -> list[str]:
@@ -169,4 +185,11 @@ def _check_strategy(config: RunConfig) -> Method:
                 f"strategy {name} ignores {setting} (got {getattr(config, setting)!r}): {why}; "
                 f"remove it or set {setting}: {yaml_spelling(neutral)}"
             )
-    return Method(cls, options)
+    defaults = RunConfig()
+    for setting, value, why in cls.forces:
+        if getattr(config, setting) not in (value, getattr(defaults, setting)):
+            raise ValueError(
+                f"strategy {name} sets {setting} to {yaml_spelling(value)} (got {getattr(config, setting)!r}): "
+                f"{why}; remove it or set {setting}: {yaml_spelling(value)}"
+            )
+    return Method(cls, options, effective_config(config))

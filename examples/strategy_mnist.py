@@ -14,7 +14,8 @@ averages every 4 steps), ``exdyna`` (0.1 %), ``matcha`` (gossip over the complet
 from 3 ranks, budget 0.5) and ``sparse_axonn`` (80 % pruned, compact AdamW and all-reduce over the
 unpruned entries); SGD at lr 0.05 unless said. The model is the user's own plain module, not
 wrapped in DDP: the method makes every exchange. The thinwire lines are the method's constructor
-(:func:`build_method`) and ``strategy.optimizer(model, torch.optim.SGD, ...)``; each
+(:func:`build_method`; every strategy takes ``(compressor or None, *, options, seed, **parts)``)
+and ``strategy.optimizer(model, torch.optim.SGD, ...)``; each
 ``optimizer.step()`` then averages (or compresses, or gossips) and updates as the thinwire loop
 does, and ``with strategy.evaluating(model):`` evaluates what the method defines as the model (DEF's
 ``x`` here, ``--def-eval-at virtual`` for its virtual iterate; the average of the gossiping
@@ -38,7 +39,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from common.comm import GradientSync
 from common.compressors import build_compressor
 from common.data import load_dataset
 from common.gossip import GossipStrategy
@@ -71,11 +71,11 @@ def small_cnn() -> nn.Module:
 def build_method(name: str, model: nn.Module, world: int, def_eval_at: str = "global") -> SyncStrategy:
     """The one line that picks the method (``model``: sparse AxoNN prunes it)."""
     if name == "fp32":
-        return DataParallel(GradientSync(build_compressor("identity")))
+        return DataParallel()  # no compressor: plain averaging
     if name == "terngrad":
-        return DataParallel(GradientSync(build_compressor("terngrad")))
+        return DataParallel(build_compressor("terngrad"))
     if name == "qsgd":
-        return DataParallel(GradientSync(build_compressor("qsgd", bits=4)))
+        return DataParallel(build_compressor("qsgd", bits=4))
     if name == "dgc":
         warmup = [0.25, 0.0625, 0.015625]  # the paper's first densities, over 0.1 epoch (47 steps)
         dgc = build_compressor("dgc", density=0.01)
@@ -90,10 +90,10 @@ def build_method(name: str, model: nn.Module, world: int, def_eval_at: str = "gl
         return SparseDataParallel(options={"selector": "exdyna", "density": 0.001})
     if name == "matcha":
         graph = {"graph": "erdos_renyi", "edge_prob": 1.0} if world < 3 else {"graph": "ring"}
-        return GossipStrategy.from_options({"mode": "matcha", "budget": 0.5, **graph})
+        return GossipStrategy(options={"mode": "matcha", "budget": 0.5, **graph})
     if name == "sparse_axonn":
         weights = {n: p for n, p in model.named_parameters() if p.dim() > 1}
-        return CompactDataParallel(magnitude_masks(weights, 0.8), weight_decay=0.01)
+        return CompactDataParallel(masks=magnitude_masks(weights, 0.8), weight_decay=0.01)
     raise ValueError(f"unknown method {name!r}; valid: {', '.join(METHODS)}")
 
 

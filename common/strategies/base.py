@@ -9,7 +9,8 @@ The training loop calls, each step: ``forward_backward`` -> ``after_backward`` -
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+import dataclasses
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -22,6 +23,7 @@ from ..comm.hierarchy import HostHierarchy
 from ..comm.stats import CommStats
 from ..comm.sync import GradientSync
 from ..compressors import build_compressor
+from ..compressors.base import Compressor
 from ..options import Options
 
 if TYPE_CHECKING:
@@ -74,15 +76,40 @@ class SyncStrategy:
     """Base: a single process's plain step. Subclasses say what is communicated.
 
     A strategy selectable by name (``strategy:`` in a run; :data:`common.methods.STRATEGIES`)
-    declares ``name``, ``needs`` (:class:`MethodNeeds`) and ``ignores`` (run settings it does not
-    read, each with its neutral value and why: any other value is an error naming it), validates
-    its ``strategy_options`` in :meth:`check_options` and builds itself from a run in
+    declares ``name``, ``needs`` (:class:`MethodNeeds`), ``ignores`` (run settings it does not
+    read, each with its neutral value and why: any other value is an error naming it) and
+    ``forces`` (run settings it overrides, each with the value it uses and why), validates its
+    ``strategy_options`` in :meth:`check_options` and builds itself from a run in
     :meth:`from_config`.
+
+    Every strategy is constructed in one shape::
+
+        Strategy(compressor=None, *, options=None, seed=0, **parts)
+
+    - ``compressor``: the :class:`~common.compressors.Compressor` it sends through (None: identity,
+      where it can use one; DGC needs a sparsifier). A strategy with its own exchange
+      (``needs.compressor`` false: sparse selection, gossip, torch's hooks, sparse AxoNN) refuses one.
+    - ``options``: its typed options (what :meth:`check_options` returns), a mapping of them over
+      the defaults, or None (the defaults).
+    - ``seed``: the run's seed, for its generators (one that draws nothing keeps it and says so).
+    - ``parts``: keyword-only, each with a default. A run setting it reads is named as the
+      :class:`~common.config.RunConfig` field and defaults to that field's default (``momentum``,
+      ``weight_decay``, ``bucket_numel``, ``error_feedback``, ``transport``, ``compress_per_tensor``,
+      ``hierarchical``; sparse AxoNN's AdamW keeps torch's weight decay, 0.01); anything else is a
+      built object the options would otherwise make (a MATCHA ``plan``, sparse AxoNN's ``masks``) or
+      a switch of the library's (``fused``).
+
+    A setting in ``forces`` is not a part: the strategy reads it from ``forces`` (DGC and DEF
+    compress per tensor). A run may leave it at its RunConfig default, which the forced value
+    overrides in the run's effective config (what it runs, logs and is checkpointed under:
+    :func:`common.methods.effective_config`), or set the forced value; any other value is an error.
     """
 
     name: ClassVar[str] = ""
     needs: ClassVar[MethodNeeds] = MethodNeeds()
     ignores: ClassVar[tuple[tuple[str, Any, str], ...]] = ()
+    #: Run settings the strategy overrides: (setting, the value it uses, why).
+    forces: ClassVar[tuple[tuple[str, Any, str], ...]] = ()
     #: Whether ``hierarchical: true`` runs can use it (its sync takes a HostHierarchy).
     host_hierarchy: ClassVar[bool] = False
     stats: CommStats
@@ -91,6 +118,32 @@ class SyncStrategy:
 
     def __init__(self) -> None:
         self.stats = CommStats()
+
+    @classmethod
+    def forced(cls, setting: str) -> Any:
+        """The value this strategy uses for the run setting ``setting`` (declared in ``forces``)."""
+        for name, value, _ in cls.forces:
+            if name == setting:
+                return value
+        raise KeyError(f"strategy {cls.name!r} does not force {setting!r} (forces: {cls.forces!r})")
+
+    @classmethod
+    def check_compressor(cls, compressor: Any) -> Compressor | None:
+        """``compressor`` as the constructor's first argument takes it: a Compressor, or None; a
+        strategy with its own exchange (``needs.compressor`` false) takes none."""
+        if compressor is None:
+            return None
+        if not cls.needs.compressor:
+            raise ValueError(
+                f"strategy {cls.name or cls.__name__} {cls.needs.own_exchange}: it takes no compressor, "
+                f"got {type(compressor).__name__} (pass its options as options=..., its parts by keyword)"
+            )
+        if not isinstance(compressor, Compressor):
+            raise TypeError(
+                f"{cls.__name__} takes a Compressor (common.compressors.build_compressor) or None, got "
+                f"{type(compressor).__name__} (settings such as error_feedback and bucket_numel are keywords)"
+            )
+        return compressor
 
     @classmethod
     def check_options(cls, options: dict[str, Any], world_size: int) -> Options:
@@ -239,17 +292,27 @@ class SyncStrategy:
             self.after_eval(model)
 
 
-def compressed_update_arguments(config: RunConfig, options: Options | None = None) -> dict[str, Any]:
+def compressed_update_arguments(
+    config: RunConfig, options_class: type[Options], options: Options | None = None
+) -> dict[str, Any]:
     """The constructor arguments of a strategy that applies momentum SGD itself around the run's
-    compressor (DGC, DEF): the same constructor shape for both."""
+    compressor (DGC, DEF) from a run: the same for both (``options``: typed already, or None to
+    parse the run's)."""
     return {
         "compressor": build_compressor(config.compressor, **config.compressor_options),
+        "options": options_class.from_mapping(config.strategy_options if options is None else options),
+        "seed": config.seed,
         "momentum": config.momentum,
         "weight_decay": config.weight_decay,
-        "options": config.strategy_options if options is None else options,
         "bucket_numel": config.bucket_numel,
-        "seed": config.seed,
     }
+
+
+def _as_dict(options: Options | Mapping[str, Any] | None) -> dict[str, Any]:
+    """The options a strategy without options was given, as ``check_options`` takes them."""
+    if options is None or (isinstance(options, Options) and not dataclasses.fields(options)):
+        return {}
+    return options.to_dict() if isinstance(options, Options) else dict(options)
 
 
 def _broadcast_module_state(model: nn.Module, tensors: str) -> None:
@@ -264,28 +327,52 @@ def _broadcast_module_state(model: nn.Module, tensors: str) -> None:
 
 
 class DataParallel(SyncStrategy):
-    """Synchronous data parallelism: every rank's gradients averaged through a :class:`GradientSync`."""
+    """Synchronous data parallelism: every rank's gradients averaged through a :class:`GradientSync`
+    of ``compressor`` (None: identity, a plain fp32 all-reduce) and the run's settings (parts;
+    ``hierarchical``: dense inside each host, the compressor between hosts), seeded by ``seed``;
+    no options. ``DataParallel(build_compressor("qsgd", bits=4), error_feedback=True)``."""
 
     name = "data_parallel"
     host_hierarchy = True
 
-    def __init__(self, sync: GradientSync) -> None:
-        self.sync = sync
-        self.stats = sync.stats
+    def __init__(
+        self,
+        compressor: Compressor | None = None,
+        *,
+        options: Options | Mapping[str, Any] | None = None,
+        seed: int = 0,
+        error_feedback: bool = False,
+        transport: str = "auto",
+        bucket_numel: int | None = None,
+        compress_per_tensor: bool = False,
+        hierarchical: bool = False,
+        fused: bool | None = None,
+    ) -> None:
+        self.options = self.check_options(_as_dict(options), get_world_size())
+        self.sync = GradientSync(
+            self.check_compressor(compressor) or build_compressor("identity"),
+            error_feedback=error_feedback,
+            transport=transport,
+            bucket_numel=bucket_numel,
+            compress_per_tensor=compress_per_tensor,
+            seed=seed,
+            hierarchy=HostHierarchy.build() if hierarchical else None,
+            fused=fused,
+        )
+        self.stats = self.sync.stats
 
     @classmethod
     def from_config(cls, config: RunConfig, options: Options | None = None) -> DataParallel:
-        compressor = build_compressor(config.compressor, **config.compressor_options)
-        sync = GradientSync(
-            compressor,
+        return cls(
+            build_compressor(config.compressor, **config.compressor_options),
+            options=options,
+            seed=config.seed,
             error_feedback=config.error_feedback,
             transport=config.transport,
             bucket_numel=config.bucket_numel,
             compress_per_tensor=config.compress_per_tensor,
-            seed=config.seed,
-            hierarchy=HostHierarchy.build() if config.hierarchical else None,
+            hierarchical=config.hierarchical,
         )
-        return cls(sync)
 
     def setup(self, model: nn.Module) -> None:
         _broadcast_module_state(model, "parameters")

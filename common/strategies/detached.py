@@ -37,6 +37,7 @@ from torch import Tensor, nn
 from ..comm.collectives import get_world_size
 from ..comm.stats import CommStats
 from ..comm.sync import GradientSync
+from ..compressors import build_compressor
 from ..compressors.base import Compressor
 from ..compressors.random_block import RandomBlock
 from ..feedback import ErrorFeedback
@@ -96,6 +97,7 @@ class DetachedEFDataParallel(SyncStrategy):
         update="own", memory="own", own_memory="momentum correction / error feedback on the update"
     )
     ignores = (("transport", "auto", "DEF all-reduces its shared-index blocks"),)
+    forces = (("compress_per_tensor", True, "DEF sends one random block per tensor, also in a bucket"),)
 
     @classmethod
     def check_options(cls, options: dict[str, Any], world_size: int) -> Options:
@@ -103,18 +105,19 @@ class DetachedEFDataParallel(SyncStrategy):
 
     @classmethod
     def from_config(cls, config: RunConfig, options: Options | None = None) -> DetachedEFDataParallel:
-        return cls(**compressed_update_arguments(config, options))
+        return cls(**compressed_update_arguments(config, DEFOptions, options))
 
     def __init__(
         self,
-        compressor: Compressor,
+        compressor: Compressor | None = None,
         *,
-        momentum: float,
-        weight_decay: float,
         options: Mapping[str, Any] | DEFOptions | None = None,
-        bucket_numel: int | None = None,
         seed: int = 0,
+        momentum: float = 0.9,
+        weight_decay: float = 0.0,
+        bucket_numel: int | None = None,
     ) -> None:
+        compressor = self.check_compressor(compressor) or build_compressor("identity")
         self.options = check_def_options(options)
         self.momentum = float(momentum)
         self.weight_decay = float(weight_decay)
@@ -124,7 +127,7 @@ class DetachedEFDataParallel(SyncStrategy):
             compressor,
             error_feedback=bool(self.options.feedback),
             bucket_numel=bucket_numel,
-            compress_per_tensor=True,
+            compress_per_tensor=self.forced("compress_per_tensor"),
             seed=seed,
             stats=self.stats,
         )
@@ -140,7 +143,7 @@ class DetachedEFDataParallel(SyncStrategy):
                 RandomBlock(density),
                 error_feedback=ErrorFeedback(),  # holds v - C2(v) for one call, cleared before each
                 bucket_numel=bucket_numel,
-                compress_per_tensor=True,
+                compress_per_tensor=self.forced("compress_per_tensor"),
                 seed=seed + 7_919,  # its own shared stream: C2's blocks differ from C's
                 stats=self.stats,
             )

@@ -154,6 +154,7 @@ class DGCDataParallel(SyncStrategy):
         update="own", memory="own", own_memory="momentum correction / error feedback on the update"
     )
     ignores = (("transport", "auto", "DGC all-gathers its sparse payloads"),)
+    forces = (("compress_per_tensor", True, "DGC selects the top entries of each layer, also in a bucket"),)
 
     @classmethod
     def check_options(cls, options: dict[str, Any], world_size: int) -> Options:
@@ -161,23 +162,24 @@ class DGCDataParallel(SyncStrategy):
 
     @classmethod
     def from_config(cls, config: RunConfig, options: Options | None = None) -> DGCDataParallel:
-        return cls(**compressed_update_arguments(config, options))
+        return cls(**compressed_update_arguments(config, DGCOptions, options))
 
     def __init__(
         self,
-        compressor: Compressor,
+        compressor: Compressor | None = None,
         *,
-        momentum: float,
-        weight_decay: float,
         options: Mapping[str, Any] | DGCOptions | None = None,
-        bucket_numel: int | None = None,
         seed: int = 0,
+        momentum: float = 0.9,
+        weight_decay: float = 0.0,
+        bucket_numel: int | None = None,
         fused: bool | None = None,
     ) -> None:
-        if compressor.linear or compressor.density is None:
+        compressor = self.check_compressor(compressor)
+        if compressor is None or compressor.linear or compressor.density is None:
             raise ValueError(
                 f"strategy dgc needs a sparsifier (values + indices, all-gathered), e.g. compressor dgc "
-                f"or topk; got {compressor.name!r}"
+                f"or topk; got {getattr(compressor, 'name', None)!r}"
             )
         self.options = check_dgc_options(options)
         self.compressor = _CountingSparsifier(compressor)
@@ -198,7 +200,7 @@ class DGCDataParallel(SyncStrategy):
             error_feedback=self.memory,
             transport="allgather",
             bucket_numel=bucket_numel,
-            compress_per_tensor=True,
+            compress_per_tensor=self.forced("compress_per_tensor"),
             seed=seed,
             stats=self.stats,
             fused=fused,

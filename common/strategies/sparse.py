@@ -5,7 +5,10 @@ All parameters' gradients are flattened into one vector of d entries (the author
 ``list_to_tensor``); ``a = g + r`` with the residual r; a *selector* picks indices of a; the mean
 over ranks of a at the union of the selected indices is written back as the gradient (zero
 elsewhere), and momentum and weight decay are applied after the reduce by the optimizer, as in the
-paper's harness. Target density delta: k = max(1, floor(delta d)) entries per step.
+paper's harness. Target density delta: k = max(1, ceil(delta d)) entries per step, the compressors'
+rule (:func:`common.compressors.base.num_kept`). The paper writes k = floor(delta d), and so did this
+module until 2026-12-05: k is one entry more where delta d is not a whole number, the same otherwise
+(and with it lambda_0 = 1 / (2 sqrt(k)) and the scaling's target ratio).
 
 Selectors (``selector`` option; what each declares, ExDyna's partitions and threshold scaling are in
 :mod:`common.strategies.selectors`):
@@ -55,7 +58,7 @@ from kernels.threshold_select import estimate_threshold, threshold_select
 
 from ..comm.collectives import all_gather_variable, all_reduce_sum_, broadcast_, get_rank, get_world_size
 from ..comm.stats import CommStats
-from ..compressors.base import CompressorRNG, check_density
+from ..compressors.base import CompressorRNG, check_density, num_kept
 from ..compressors.dgc import DGC
 from ..options import Options
 from .base import MethodNeeds, SyncStrategy, _broadcast_module_state
@@ -79,7 +82,7 @@ class SparseOptions(Options):
 
     kind: ClassVar[str] = "sparse"
     selector: str = "exdyna"
-    density: float = 0.001  # target: k = floor(density d) entries of the whole gradient per step
+    density: float = 0.001  # target: k = ceil(density d) entries of the whole gradient per step
     blocks: int = 1024  # exdyna: fine-grained blocks (sizes a multiple of 32)
     tolerance: float = 1.05  # exdyna: rebalance adjacent partitions beyond this ratio to the mean count
     # exdyna / threshold: lambda_0. null: 1 / (2 sqrt(k)), the code's; a number; or "estimate": the
@@ -140,7 +143,16 @@ class SparseDataParallel(SyncStrategy):
             seed=config.seed,
         )
 
-    def __init__(self, *, options: Mapping[str, Any] | SparseOptions | None = None, seed: int = 0) -> None:
+    def __init__(
+        self,
+        compressor: None = None,
+        *,
+        options: Mapping[str, Any] | SparseOptions | None = None,
+        seed: int = 0,
+    ) -> None:
+        """``compressor``: none (the selector is in the options); ``seed``: the dgc selector's
+        sampling and the threshold estimate's sample (shared generators)."""
+        self.check_compressor(compressor)
         self.options = check_sparse_options(options)
         self.selector = self.options.selector
         self.selector_needs = SELECTORS[self.selector]
@@ -176,7 +188,7 @@ class SparseDataParallel(SyncStrategy):
         _broadcast_module_state(model, "parameters")
         _broadcast_module_state(model, "buffers")
         self.numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        self.k = max(1, math.floor(self.density * self.numel))
+        self.k = num_kept(self.numel, self.density)
         if self.selector_needs.partitions:
             self.partitions = Partitions(
                 self.numel, self.world, blocks=self.options.blocks, tolerance=self.options.tolerance

@@ -27,6 +27,7 @@ to an uninterrupted one, unlike thinwire's ``powersgd`` (state keyed by paramete
 
 # No ``from __future__ import annotations``: DDP checks a comm hook's annotations at run time.
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -110,9 +111,19 @@ class TorchHookDataParallel(SyncStrategy):
         ("compress_per_tensor", False, _OWN),
     )
 
-    def __init__(self, options: "TorchHookOptions | dict[str, Any] | None" = None) -> None:
+    def __init__(
+        self,
+        compressor: None = None,
+        *,
+        options: "TorchHookOptions | Mapping[str, Any] | None" = None,
+        seed: int = 0,
+    ) -> None:
+        """``compressor``: none (the hook is in the options). ``seed`` is kept, not used: PyTorch's
+        PowerSGD hook draws from its own ``PowerSGDState.random_seed`` (0), as torch's default."""
         super().__init__()
+        self.check_compressor(compressor)
         self.options = TorchHookOptions.from_mapping(options)
+        self.seed = seed
         self.ddp: nn.parallel.DistributedDataParallel | None = None
         self.hook_state: Any = None
         self._resumed = False
@@ -123,7 +134,10 @@ class TorchHookDataParallel(SyncStrategy):
 
     @classmethod
     def from_config(cls, config: "RunConfig", options: Options | None = None) -> "TorchHookDataParallel":
-        return cls(TorchHookOptions.from_mapping(config.strategy_options if options is None else options))
+        return cls(
+            options=TorchHookOptions.from_mapping(config.strategy_options if options is None else options),
+            seed=config.seed,
+        )
 
     def setup(self, model: nn.Module) -> None:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook

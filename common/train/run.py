@@ -21,6 +21,7 @@ from ..distributed import DistContext, barrier, init_from_env, is_collective_tim
 from ..fileio import check_writable
 from ..finite import NonFiniteMetric
 from ..loss_scale import LossScaler
+from ..methods import effective_config
 from ..paths import REPO_ROOT
 from ..strategies import SyncStrategy
 from ..tracking import Tracker, loaded_git_sha
@@ -70,6 +71,7 @@ def train(
     every rank once rank 0 has written the outputs (the MLflow run ends FAILED): such a run is
     not a result, and a launcher does not retry it.
     """
+    config = effective_config(config)  # the settings its strategy forces, as they are run and logged
     ctx = ctx or init_from_env(timeout_s=config.collective_timeout_s)
     if ctx.world_size != get_world_size():
         raise RuntimeError(

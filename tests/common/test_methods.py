@@ -16,14 +16,19 @@ from common.compressors import build_compressor
 from common.compressors.base import Needs
 from common.compressors.terngrad import TernGrad
 from common.config import RunConfig
-from common.methods import STRATEGIES, checked_config, strategy_class
+from common.methods import STRATEGIES, check_run, checked_config, effective_config, strategy_class
 from common.options import Options
 from common.paths import REPO_ROOT
-from common.strategies import SyncStrategy
+from common.strategies import DataParallel, SyncStrategy
 from common.strategies.base import MethodNeeds
 from common.train import default_strategy
 from tests.distributed import run_ranks
-from tests.helpers.strategies import assert_scheduled_lr_survives_a_resume
+from tests.helpers.strategies import (
+    assert_one_constructor_shape,
+    assert_scheduled_lr_survives_a_resume,
+    sync_settings_mismatches,
+    undeclared_sync_settings,
+)
 
 
 def test_terngrad_declares_its_rounds_and_the_others_declare_none():
@@ -204,7 +209,6 @@ def test_a_strategy_reads_the_scheduled_lr_through_its_optimizer_also_after_a_re
 def test_a_runs_options_are_parsed_once_and_handed_to_its_strategy(monkeypatch):
     """check_run parses strategy_options into the strategy's typed options; the strategy built from
     the run holds that very object (one option system: never parsed again from the dict)."""
-    from common.methods import check_run
     from common.strategies.sparse import SparseOptions
 
     config = checked_config(
@@ -217,7 +221,7 @@ def test_a_runs_options_are_parsed_once_and_handed_to_its_strategy(monkeypatch):
     monkeypatch.setattr(
         SparseOptions, "from_mapping", classmethod(lambda cls, v: calls.append(v) or original(cls, v))
     )
-    strategy = method.build(config)
+    strategy = method.build()
     assert strategy.options is method.options
     assert all(isinstance(v, SparseOptions) for v in calls)  # no dict parsed at build time
 
@@ -229,3 +233,120 @@ def test_run_config_alone_imports_no_registry():
     config = RunConfig.from_dict({"model": "no_such_model"})
     with pytest.raises(ValueError, match="unknown model 'no_such_model'"):
         checked_config(config.to_dict())
+
+
+def test_every_strategy_has_the_one_constructor_shape():
+    """``Strategy(compressor=None, *, options=None, seed=0, **parts)`` (SyncStrategy's docstring); the
+    papers' strategies: tests/papers/sparse_axonn/test_registered_by_name.py."""
+    for cls in LIBRARY_STRATEGIES.values():
+        assert_one_constructor_shape(cls)
+
+    class Positional(SyncStrategy):
+        def __init__(self, plan: object, *, seed: int = 0) -> None:
+            super().__init__()
+
+    with pytest.raises(AssertionError, match="Positional"):
+        assert_one_constructor_shape(Positional)
+
+
+def test_what_a_strategy_without_a_compressor_is_handed_is_refused():
+    from common.strategies import SparseDataParallel
+
+    with pytest.raises(
+        ValueError, match="strategy sparse selects from the whole gradient .*takes no compressor"
+    ):
+        SparseDataParallel(build_compressor("topk", density=0.1))
+    with pytest.raises(TypeError, match="DataParallel takes a Compressor .* got GradientSync"):
+        DataParallel(GradientSync(build_compressor("fp16")))  # type: ignore[arg-type]
+    assert DataParallel().sync.compressor.name == "identity"  # none: a plain fp32 all-reduce
+
+
+_SYNC_RUNS = {
+    "data_parallel": {"compressor": "topk", "compressor_options": {"density": 0.1}, "error_feedback": True,
+                      "bucket_numel": 4096, "compress_per_tensor": True, "seed": 3},
+    "data_parallel_allgather": {"compressor": "qsgd", "transport": "allgather", "seed": 3},
+    "dgc": {"strategy": "dgc", "compressor": "dgc", "compressor_options": {"density": 0.1},
+            "bucket_numel": 4096, "seed": 3},  # compress_per_tensor at its default: DGC's forces it
+    "dgc_per_tensor": {"strategy": "dgc", "compressor": "topk", "compressor_options": {"density": 0.1},
+                       "compress_per_tensor": True},
+    "def": {"strategy": "def", "compressor": "random_block", "compressor_options": {"density": 0.1},
+            "bucket_numel": 4096, "seed": 3},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("run", sorted(_SYNC_RUNS))
+def test_a_strategy_builds_its_syncs_with_the_runs_settings_after_its_declared_overrides(run):
+    config = checked_config({**_SYNC_RUNS[run], "world_size": 1})
+    count, mismatches = sync_settings_mismatches(default_strategy(config), config)
+    assert count >= 1 and mismatches == []
+
+
+def test_a_strategy_without_the_runs_compressor_declares_every_sync_setting_of_the_run():
+    for name, cls in LIBRARY_STRATEGIES.items():
+        assert undeclared_sync_settings(cls) == [], name
+    from common.strategies import SparseDataParallel
+
+    class Careless(SparseDataParallel):
+        ignores = (("transport", "auto", "its own exchange"),)
+
+    assert undeclared_sync_settings(Careless) == ["bucket_numel", "compress_per_tensor"]
+
+
+class _SilentlyPerTensor(DataParallel):
+    """Plain data parallelism that compresses per tensor whatever the run says, and says nothing."""
+
+    name = "silently_per_tensor"
+
+    @classmethod
+    def from_config(cls, config: RunConfig, options: Options | None = None) -> DataParallel:
+        compressor = build_compressor(config.compressor, **config.compressor_options)
+        return cls(compressor, seed=config.seed, bucket_numel=config.bucket_numel, compress_per_tensor=True)
+
+
+class _DeclaredPerTensor(_SilentlyPerTensor):
+    name = "declared_per_tensor"
+    forces = (("compress_per_tensor", True, "it compresses per tensor"),)
+
+
+def test_an_undeclared_override_is_found_and_a_declared_one_is_the_effective_config(monkeypatch):
+    for cls in (_SilentlyPerTensor, _DeclaredPerTensor):
+        monkeypatch.setitem(STRATEGIES, cls.name, cls)
+    values = {
+        "compressor": "topk",
+        "compressor_options": {"density": 0.1},
+        "bucket_numel": 64,
+        "world_size": 1,
+    }
+    silent = checked_config({**values, "strategy": "silently_per_tensor"})
+    _, mismatches = sync_settings_mismatches(default_strategy(silent), silent)
+    assert mismatches == ["_SilentlyPerTensor.sync.compress_per_tensor is True, the run's False"]
+    declared = checked_config({**values, "strategy": "declared_per_tensor"})
+    assert sync_settings_mismatches(default_strategy(declared), declared) == (1, [])
+    assert not declared.compress_per_tensor and check_run(declared).config.compress_per_tensor  # logged so
+    assert effective_config(declared) == check_run(declared).config
+
+
+def test_dgc_and_def_declare_that_they_compress_per_tensor():
+    for name in ("dgc", "def"):
+        assert strategy_class(name).forced("compress_per_tensor") is True
+    config = checked_config({"strategy": "dgc", "compressor": "dgc", "compressor_options": {"density": 0.1}})
+    assert config.compress_per_tensor is False  # the RunConfig default, which DGC overrides ...
+    assert effective_config(config).to_dict() == {**config.to_dict(), "compress_per_tensor": True}
+    assert effective_config(effective_config(config)) == effective_config(config)  # ... once
+
+
+def test_a_forced_setting_at_another_value_than_its_default_or_the_forced_one_is_an_error(monkeypatch):
+    class Bucketed(_SilentlyPerTensor):
+        name = "bucketed"
+        forces = (("bucket_numel", 4096, "it sends 4096 entries at a time"),)
+
+    monkeypatch.setitem(STRATEGIES, "bucketed", Bucketed)
+    for bucket_numel in (None, 4096):  # the default (overridden) or the forced value
+        config = checked_config({"strategy": "bucketed", "bucket_numel": bucket_numel})
+        assert check_run(config).config.bucket_numel == 4096
+    with pytest.raises(
+        ValueError,
+        match=r"strategy bucketed sets bucket_numel to 4096 \(got 100\): it sends 4096 entries at a time; "
+        "remove it or set bucket_numel: 4096",
+    ):
+        checked_config({"strategy": "bucketed", "bucket_numel": 100})

@@ -41,15 +41,17 @@ _COMPACT = "it all-reduces the unpruned gradient entries only, densely, in one c
 
 @dataclass(frozen=True)
 class CompactOptions(Options):
-    """``strategy_options`` of ``strategy: compact`` (the file itself is read when the run starts)."""
+    """``strategy_options`` of ``strategy: compact`` (the file itself is read when the strategy is
+    built). A run names ``masks`` (:meth:`CompactDataParallel.check_options`); a user's own loop may
+    hand the mask tensors to the constructor instead."""
 
     kind: ClassVar[str] = "compact"
-    masks: str | None = None  # the prune stage's mask file (pruning.save_masks): required
+    masks: str | None = None  # the prune stage's mask file (pruning.save_masks): a run's is required
     betas: tuple[float, ...] = (0.9, 0.999)
     eps: float = 1e-8
 
     def __post_init__(self) -> None:
-        if not isinstance(self.masks, str) or not self.masks:
+        if self.masks is not None and (not isinstance(self.masks, str) or not self.masks):
             raise ValueError(
                 f"compact masks must name the prune stage's mask file (a path), got {self.masks!r}"
             )
@@ -58,18 +60,23 @@ class CompactOptions(Options):
 
 
 def check_compact_options(options: Mapping[str, Any] | CompactOptions | None) -> CompactOptions:
-    """``options`` over the defaults, validated."""
-    return CompactOptions.from_mapping(options)
+    """A run's ``options`` over the defaults, validated: they must name the mask file."""
+    checked = CompactOptions.from_mapping(options)
+    if checked.masks is None:
+        raise ValueError("compact masks must name the prune stage's mask file (a path), got None")
+    return checked
 
 
 class CompactDataParallel(SyncStrategy):
     """Data parallelism over the unpruned entries only (module docstring).
 
-    ``masks``: parameter name -> bool tensor (``True`` = kept), the same on every rank; parameters
-    without a mask are dense. ``weight_decay``, ``betas``, ``eps``: the compact AdamW's. In a
-    user's loop::
+    ``masks``: parameter name -> bool tensor (``True`` = kept), the same on every rank, or None to
+    load them from ``options.masks`` (the prune stage's file); parameters without a mask are dense.
+    ``weight_decay`` (the run's; default torch's AdamW's), ``options.betas`` and ``options.eps``: the
+    compact AdamW's. No
+    draws: ``seed`` is kept, not used. In a user's loop::
 
-        strategy = CompactDataParallel(load_masks("masks.pt").masks, weight_decay=0.01)
+        strategy = CompactDataParallel(masks=load_masks("masks.pt").masks, weight_decay=0.01)
         optimizer = strategy.optimizer(model, torch.optim.AdamW, lr=1e-3)   # the lr it schedules
         ...  loss.backward(); optimizer.step()
     """
@@ -91,14 +98,33 @@ class CompactDataParallel(SyncStrategy):
 
     def __init__(
         self,
-        masks: Mapping[str, Tensor],
+        compressor: None = None,
         *,
+        options: Mapping[str, Any] | CompactOptions | None = None,
+        seed: int = 0,
+        masks: Mapping[str, Tensor] | None = None,
         weight_decay: float = 0.01,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
     ) -> None:
+        if isinstance(compressor, Mapping):
+            raise TypeError("CompactDataParallel takes its masks by keyword: CompactDataParallel(masks=...)")
+        self.check_compressor(compressor)
+        self.options = CompactOptions.from_mapping(options)
+        if (masks is None) == (self.options.masks is None):
+            raise ValueError(
+                "compact needs its masks once: the tensors (masks=...) or the prune stage's file "
+                f"(options masks), got {'neither' if masks is None else 'both'}"
+            )
+        if masks is None:
+            assert self.options.masks is not None
+            path = Path(self.options.masks)
+            if not path.is_file():
+                raise FileNotFoundError(f"compact masks {path} does not exist: run the prune stage first")
+            masks = load_masks(path).masks
         self.masks = dict(masks)
-        self.weight_decay, self.betas, self.eps = weight_decay, (betas[0], betas[1]), eps
+        self.seed = seed
+        self.weight_decay = weight_decay
+        self.betas = (float(self.options.betas[0]), float(self.options.betas[1]))
+        self.eps = self.options.eps
         self.stats = CommStats()
         self.layout: MaskLayout | None = None
         self.adam: CompactAdamW | None = None
@@ -110,15 +136,8 @@ class CompactDataParallel(SyncStrategy):
 
     @classmethod
     def from_config(cls, config: RunConfig, options: Options | None = None) -> CompactDataParallel:
-        options = check_compact_options(
-            CompactOptions.from_mapping(config.strategy_options if options is None else options)
-        )
-        assert options.masks is not None  # checked
-        path = Path(options.masks)
-        if not path.is_file():
-            raise FileNotFoundError(f"compact masks {path} does not exist: run the prune stage first")
-        betas = (float(options.betas[0]), float(options.betas[1]))
-        return cls(load_masks(path).masks, weight_decay=config.weight_decay, betas=betas, eps=options.eps)
+        options = check_compact_options(config.strategy_options if options is None else options)
+        return cls(options=options, seed=config.seed, weight_decay=config.weight_decay)
 
     def setup(self, model: nn.Module) -> None:
         _broadcast_module_state(model, "parameters")

@@ -40,7 +40,7 @@ from __future__ import annotations
 import contextlib
 import io
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -145,7 +145,9 @@ class PipelineDataParallel(SyncStrategy):
     """Pipeline x data parallelism with AxoNN's (or sparse AxoNN's) step (module docstring).
 
     ``masks``: parameter name (the GPT-2's own, ``transformer.h.0.attn.c_attn.weight``) -> bool
-    tensor, ``None`` for dense AxoNN. ``weight_decay``, ``betas``, ``eps``: AdamW's.
+    tensor, or None: loaded from ``options.masks`` (the prune stage's file), or dense AxoNN without
+    it. ``weight_decay`` (the run's; default torch's AdamW's), ``options.betas``, ``options.eps``:
+    AdamW's. No draws: ``seed`` is kept, not used.
     """
 
     name = "pipeline"
@@ -167,14 +169,32 @@ class PipelineDataParallel(SyncStrategy):
 
     def __init__(
         self,
-        options: PipelineOptions,
-        masks: dict[str, Tensor] | None = None,
+        compressor: None = None,
         *,
+        options: Mapping[str, Any] | PipelineOptions | None = None,
+        seed: int = 0,
+        masks: Mapping[str, Tensor] | None = None,
         weight_decay: float = 0.01,
     ) -> None:
         super().__init__()
-        self.options = options
-        self.masks = masks
+        self.check_compressor(compressor)
+        self.options = PipelineOptions.from_mapping(options)
+        if masks is not None and self.options.masks is not None:
+            raise ValueError(
+                "pipeline takes its masks once: the tensors (masks=...) or the prune stage's file "
+                "(options masks), got both"
+            )
+        if masks is None and self.options.masks is not None:
+            path = Path(self.options.masks)
+            if not path.is_file():
+                raise FileNotFoundError(f"pipeline masks {path} does not exist: run the prune stage first")
+            masks = load_masks(path).masks
+        if self.options.init is not None and not Path(self.options.init).is_file():
+            raise FileNotFoundError(
+                f"pipeline init {self.options.init} does not exist: run the prune stage first"
+            )
+        self.masks = None if masks is None else dict(masks)
+        self.seed = seed
         self.weight_decay = weight_decay
         self.grid: ProcessGrid | None = None
         self.trainer: PipelineTrainer | None = None
@@ -211,15 +231,7 @@ class PipelineDataParallel(SyncStrategy):
         options = check_pipeline_options(
             config.strategy_options if options is None else options, config.world_size
         )
-        masks = None
-        if options.masks is not None:
-            path = Path(options.masks)
-            if not path.is_file():
-                raise FileNotFoundError(f"pipeline masks {path} does not exist: run the prune stage first")
-            masks = load_masks(path).masks
-        if options.init is not None and not Path(options.init).is_file():
-            raise FileNotFoundError(f"pipeline init {options.init} does not exist: run the prune stage first")
-        return cls(options, masks, weight_decay=config.weight_decay)
+        return cls(options=options, seed=config.seed, weight_decay=config.weight_decay)
 
     # -- the loop's hooks ----------------------------------------------------------------------
 

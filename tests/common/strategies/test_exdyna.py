@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch import nn
 
+from common.compressors import num_kept
 from common.config import RunConfig
 from common.methods import check_run
 from common.strategies import Partitions, SparseDataParallel, check_sparse_options
@@ -147,7 +148,7 @@ def test_exdyna_selections_are_exclusive_and_the_mean_is_exact_on_four_ranks(tmp
 def test_topk_builds_up_and_cltk_does_not(tmp_path) -> None:
     topk = run_ranks(_train, 4, {"selector": "topk", "density": 0.01}, 4, tmp_path=tmp_path / "t")[0]
     cltk = run_ranks(_train, 4, {"selector": "cltk", "density": 0.01}, 4, tmp_path=tmp_path / "c")[0]
-    k = math.floor(0.01 * (64 * 32 + 32 + 32 * 4 + 4))
+    k = math.ceil(0.01 * (64 * 32 + 32 + 32 * 4 + 4))  # 23: the compressors' rule (num_kept)
     assert k < topk["metrics"]["union_mean"] <= 4 * k  # the workers disagree: the union grows
     assert cltk["metrics"]["union_mean"] == k and cltk["metrics"]["buildup_mean"] == 1.0
 
@@ -278,3 +279,15 @@ def test_an_estimated_threshold_far_off_its_target_is_estimated_again() -> None:
     assert strategy.resets == 1  # ... so step 3 estimated it again (and step 4 stayed in the band)
     assert k / 2 <= selected[2] <= 2 * k
     assert strategy.metrics()["threshold_resets"] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("numel", "density", "k"), [(2244, 0.01, 23), (10_000, 0.01, 100), (7, 0.001, 1), (3, 1.0, 3)]
+)
+def test_the_target_count_rounds_density_as_the_compressors_do(numel: int, density: float, k: int) -> None:
+    """k = max(1, ceil(density d)) (common.compressors.base.num_kept), not the paper's floor: one entry
+    more where density d is not whole (22.44 -> 23), the same where it is (100.00000000000001 -> 100)."""
+    strategy = SparseDataParallel(options={"selector": "topk", "density": density})
+    strategy.setup(nn.Linear(numel, 1, bias=False))
+    assert strategy.k == k == num_kept(numel, density)
+    assert strategy.threshold == 1 / (2 * math.sqrt(k))  # the code's lambda_0, from the same k

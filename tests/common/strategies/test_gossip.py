@@ -27,7 +27,7 @@ def _model(rank: int) -> nn.Module:
 
 
 def _gossip(rank: int, world: int, mode: str, budget: float, same: bool) -> dict[str, object]:
-    strategy = GossipStrategy(_plan(world, budget), mode=mode, seed=7)
+    strategy = GossipStrategy(options={"mode": mode}, seed=7, plan=_plan(world, budget))
     model = _model(0 if same else rank)
     history = []
     for _ in range(STEPS):
@@ -89,7 +89,7 @@ def test_bad_input_rejected(tmp_path) -> None:
     with pytest.raises(ValueError, match="gossip mode must be one of matcha, vanilla, periodic"):
         step_flags(_plan(4, 0.5), "random", 0, 0)
     with pytest.raises(ValueError, match="the gossip graph has 8 nodes but there are 1 ranks"):
-        GossipStrategy(_plan(8, 0.5))
+        GossipStrategy(plan=_plan(8, 0.5))
 
 
 def test_options_name_the_paper_plan_and_seeded_graphs() -> None:

@@ -334,3 +334,20 @@ def test_artifacts_dir_holds_model_and_checkpoints_and_evaluate_finds_them(tmp_p
     shutil.rmtree(artifacts)
     with pytest.raises(FileNotFoundError, match=r"has no model\.pt .*not committed"):
         evaluate_trained(out)
+
+
+def test_a_run_logs_and_checkpoints_the_settings_its_strategy_forces(tmp_path):
+    """DGC compresses per tensor whatever compress_per_tensor says at its default (false): run.json,
+    the MLflow params (the same config) and the checkpoint folder are those of the effective config."""
+    from common.methods import effective_config
+
+    config = checked_config({**CONFIG, "epochs": 1, "world_size": 1, "train_limit": 64, "strategy": "dgc",
+                             "compressor": "dgc", "compressor_options": {"density": 0.1}, "error_feedback": False,
+                             "bucket_numel": 4096, "checkpoint_every": 4})  # fmt: skip
+    assert config.compress_per_tensor is False
+    ctx = DistContext(rank=0, world_size=1, local_rank=0, backend="gloo", device=torch.device("cpu"))
+    train(config, tmp_path, ctx=ctx)
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert run["config"] == json.loads(json.dumps({**config.to_dict(), "compress_per_tensor": True}))
+    assert run["fingerprint"] == effective_config(config).fingerprint() != config.fingerprint()
+    assert [p.name for p in (tmp_path / "ckpt").iterdir()] == [run["fingerprint"]]

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import common.train.loop as train_module
+from common.compressors import build_compressor
 from common.config import RunConfig
 from common.data.base import DatasetInfo
 from common.data.images import ImageDataset
@@ -114,7 +115,14 @@ class _LossBecomes(DataParallel):
     ``rank`` (the gradients stay finite: the run goes on until the loop reads the loss)."""
 
     def __init__(self, config: RunConfig, at: int, value: float, rank: int = 0) -> None:
-        super().__init__(DataParallel.from_config(config).sync)
+        super().__init__(
+            build_compressor(config.compressor, **config.compressor_options),
+            seed=config.seed,
+            error_feedback=config.error_feedback,
+            transport=config.transport,
+            bucket_numel=config.bucket_numel,
+            compress_per_tensor=config.compress_per_tensor,
+        )
         self.at, self.value, self.poisoned_rank, self.calls = at, value, rank, 0
 
     def forward_backward(self, model: nn.Module, x: Tensor, y: Tensor, loss_fn: Any) -> Tensor:

@@ -68,7 +68,7 @@ def _loops(rank: int, world: int, masks_path: str, out: str) -> dict:
     # a user's loop: the strategy's optimizer
     seed_everything(0)
     model = _model()
-    strategy = CompactDataParallel(masks, weight_decay=0.01)
+    strategy = CompactDataParallel(masks=masks, weight_decay=0.01)
     optimizer = strategy.optimizer(model, torch.optim.AdamW, lr=3e-3)
     # the reference: dense AdamW on the masked model, gradients averaged densely and masked
     seed_everything(0)
@@ -137,5 +137,5 @@ def test_a_compact_run_names_its_masks_and_uses_adamw(tmp_path):
 @pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before")
 def test_the_compact_strategy_reads_the_scheduled_lr_through_its_optimizer_also_after_a_resume():
     """The compact AdamW reads the lr the run's scheduler writes (tests/common/test_methods.py)."""
-    strategy = CompactDataParallel({"0.weight": torch.ones(3, 4, dtype=torch.bool)})
+    strategy = CompactDataParallel(masks={"0.weight": torch.ones(3, 4, dtype=torch.bool)})
     assert_scheduled_lr_survives_a_resume(strategy, torch.optim.AdamW)

@@ -19,6 +19,7 @@ from common.strategies.base import MethodNeeds
 from common.train import default_strategy
 from papers.sparse_axonn.pruning import load_masks, magnitude_masks, save_masks
 from papers.sparse_axonn.strategies import CompactDataParallel, PipelineDataParallel
+from tests.helpers.strategies import assert_one_constructor_shape, undeclared_sync_settings
 
 PAPER_STRATEGIES = {"compact": CompactDataParallel, "pipeline": PipelineDataParallel}
 
@@ -84,3 +85,33 @@ def test_the_papers_module_is_imported_only_once_a_run_names_it(tmp_path):
         [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True, timeout=120
     )
     assert out.stdout.split() == ["False", "True"]
+
+
+def test_every_registered_strategy_has_the_one_constructor_shape_and_declares_its_sync_settings():
+    """Every name in common.methods.STRATEGIES, the papers' imported as a run would import them:
+    ``Strategy(compressor=None, *, options=None, seed=0, **parts)``, and a strategy without the run's
+    compressor declares every GradientSync setting of a run it does not read."""
+    for name in STRATEGIES:
+        cls = strategy_class(name)
+        assert_one_constructor_shape(cls)
+        assert undeclared_sync_settings(cls) == [], name
+
+
+def test_the_papers_strategies_take_their_masks_once(tmp_path):
+    masks = _masks_file(tmp_path)
+    tensors = load_masks(masks).masks
+    from_file = CompactDataParallel(options={"masks": masks}, weight_decay=0.0)
+    given = CompactDataParallel(masks=tensors, weight_decay=0.0)
+    assert from_file.masks.keys() == given.masks.keys() == tensors.keys()
+    with pytest.raises(ValueError, match="compact needs its masks once: .* got both"):
+        CompactDataParallel(options={"masks": masks}, masks=tensors)
+    with pytest.raises(ValueError, match="compact needs its masks once: .* got neither"):
+        CompactDataParallel()
+    with pytest.raises(TypeError, match=r"takes its masks by keyword: CompactDataParallel\(masks=...\)"):
+        CompactDataParallel(tensors)  # type: ignore[arg-type]  # the old positional form
+    with pytest.raises(ValueError, match="compact masks must name the prune stage's mask file .* got None"):
+        checked_config({"strategy": "compact", "optimizer": "adamw"})  # a run names the file
+    with pytest.raises(ValueError, match="pipeline takes its masks once: .* got both"):
+        PipelineDataParallel(options={"masks": masks}, masks=tensors)
+    assert PipelineDataParallel(options={"masks": masks}).masks.keys() == tensors.keys()
+    assert PipelineDataParallel().masks is None  # dense AxoNN
