@@ -132,8 +132,8 @@ def test_topk_allgather_equals_dense_reference(results):
     expected = sum(
         comp.decompress(comp.compress(res[r]["topk_local"], CompressorRNG(0, r))) for r in range(world)
     )
-    for r in range(world):
-        torch.testing.assert_close(res[r]["topk_mean"], expected / world)
+    for r in range(world):  # bit for bit: the route divides only the sent positions, zeros elsewhere
+        assert torch.equal(res[r]["topk_mean"], expected / world)
     # fixed k = 10 of 200: values fp32 + indices int32, no size exchange
     assert res[0]["topk_bits"] == 10 * 64
 
