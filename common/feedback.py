@@ -319,17 +319,21 @@ class MomentumCorrection(ErrorFeedback):
         else:
             u = _flat_buffer(self.momentums, self._momentum_flat, keys, g, sizes, "momentum")
             v = self.flat_buffer(keys, g, sizes)
+        compensated = self._scratch(keys, v)
         if self.nesterov:
             u.copy_(self.momentum * (u + g))
             v.copy_(v + u + g)
+            compensated.copy_(v)
         elif u.dtype == torch.float32 and g.dtype == torch.float32:
-            ef_update(u, v, g, self.momentum)  # in place: u = m u + g; v += u
+            # in place: u = m u + g; v += u; and the new v copied out, in one pass on a CPU
+            ef_update(u, v, g, self.momentum, v_out=compensated)
         else:
             u.mul_(self.momentum).add_(g)
             v.add_(u)
+            compensated.copy_(v)
         if len(keys) == 1:
             self.momentums[keys[0]], self.residuals[keys[0]] = u, v
-        return self._scratch(keys, v).copy_(v)
+        return compensated
 
     def _momentums_of(self, keys: Sequence[str], like: Tensor, sizes: Sequence[int]) -> Tensor:
         if len(keys) == 1:
