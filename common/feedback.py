@@ -41,10 +41,11 @@ class ErrorFeedback:
         self.residuals: dict[str, Tensor] = {}
         # layout (names) -> (the flat buffer, the views of it that ``residuals`` holds)
         self._flat: dict[tuple[str, ...], tuple[Tensor, list[Tensor]]] = {}
-        # layout -> a second buffer of its size, where ``compensate`` writes (and which becomes the
-        # residual when ``update_sparse`` is handed it): no bucket-sized allocation per step. On a
-        # CPU a fresh 45 MB tensor (ResNet-18's bucket) comes from the kernel each time, page
-        # faults and all: 46 ms for ``flat + residual`` against 8 ms into a reused one (one core).
+        # layout (a bucket's names, or one tensor's) -> a second buffer of its size, where
+        # ``compensate`` writes (and which becomes the residual when ``update_sparse`` is handed
+        # it): no bucket-sized allocation per step. On a CPU a fresh 45 MB tensor (ResNet-18's
+        # bucket) comes from the kernel each time, page faults and all: 46 ms for ``flat +
+        # residual`` against 8 ms into a reused one (one core).
         self._spare: dict[tuple[str, ...], Tensor] = {}
 
     def residual(self, key: str, like: Tensor) -> Tensor:
@@ -58,11 +59,17 @@ class ErrorFeedback:
     def compensate(
         self, keys: Sequence[str], flat: Tensor, sizes: Sequence[int], segments: Segments | None = None
     ) -> Tensor:
-        """``flat + residuals`` where ``flat`` is the concatenation of the tensors named ``keys``
-        (a fresh tensor). ``segments``: the bucket's layout when its tensors are compressed each on
-        its own in one pass (the fused path; plain error feedback does not need it)."""
+        """``flat + residuals`` where ``flat`` is the concatenation of the tensors named ``keys``,
+        in the layout's scratch buffer (valid until its next ``compensate``; handed to
+        ``update_sparse`` it becomes the residual and the residual before it the next scratch, so
+        nothing is allocated per step). ``segments``: the bucket's layout when its tensors are
+        compressed each on its own in one pass (the fused path; plain error feedback does not
+        need it)."""
         if len(keys) == 1:
-            return flat + self.residual(keys[0], flat)
+            residual = self.residual(keys[0], flat)
+            if residual.dtype != flat.dtype:  # e.g. a loaded fp32 residual, fp16 gradients
+                return flat + residual
+            return torch.add(flat, residual, out=self._scratch(keys, residual))
         buffer = self.flat_buffer(keys, flat, sizes)
         return torch.add(flat, buffer, out=self._scratch(keys, buffer))
 
@@ -128,10 +135,27 @@ class ErrorFeedback:
         return _current(self.residuals, self._flat, keys)
 
     def _store(self, keys: Sequence[str], buffer: Tensor, sizes: Sequence[int]) -> None:
-        old = self._flat.get(tuple(keys))
+        key = tuple(keys)
+        old = self._flat.get(key)
+        previous = self.residuals.get(keys[0]) if len(keys) == 1 else None
         _store(self.residuals, self._flat, keys, buffer, sizes)
         if old is not None and old[0].data_ptr() != buffer.data_ptr():
-            self._spare[tuple(keys)] = old[0]  # the residual it held is now in ``buffer``
+            self._spare[key] = old[0]  # the residual it held is now in ``buffer``
+        elif previous is not None and _trades_places(self._spare.get(key), buffer, previous):
+            self._spare[key] = previous
+
+
+def _trades_places(spare: Tensor | None, stored: Tensor, previous: Tensor) -> bool:
+    """Whether one tensor's scratch became its residual (``stored``) and the residual before
+    (``previous``) owns memory of the same size: the next scratch then (the two trade places,
+    nothing is allocated per step; a view into another buffer is never reused)."""
+    return bool(
+        spare is not None
+        and spare.data_ptr() == stored.data_ptr()
+        and previous.storage_offset() == 0
+        and previous.untyped_storage().nbytes() == spare.untyped_storage().nbytes()
+        and previous.untyped_storage().data_ptr() != spare.untyped_storage().data_ptr()
+    )
 
 
 def _stored(store: dict[str, Tensor], key: str, like: Tensor, what: str) -> Tensor:
@@ -283,8 +307,8 @@ class MomentumCorrection(ErrorFeedback):
     def compensate(
         self, keys: Sequence[str], flat: Tensor, sizes: Sequence[int], segments: Segments | None = None
     ) -> Tensor:
-        """Advance ``u`` and ``v`` with the (clipped) gradients; return the new ``v``, flat (a copy:
-        the caller may hold it while the state moves on). ``segments``: the tensors of a bucket
+        """Advance ``u`` and ``v`` with the (clipped) gradients; return the new ``v``, flat (a copy
+        in the layout's scratch buffer, as :meth:`ErrorFeedback.compensate`'s result). ``segments``: the tensors of a bucket
         compressed each on its own in one pass: the clipping is then per tensor, as when each is
         compensated on its own. The bucket's ``u`` and ``v`` are each one flat buffer (advanced in
         one pass, ``kernels.ef_update``), whatever the number of tensors."""
@@ -295,18 +319,21 @@ class MomentumCorrection(ErrorFeedback):
         else:
             u = _flat_buffer(self.momentums, self._momentum_flat, keys, g, sizes, "momentum")
             v = self.flat_buffer(keys, g, sizes)
+        compensated = self._scratch(keys, v)
         if self.nesterov:
             u.copy_(self.momentum * (u + g))
             v.copy_(v + u + g)
+            compensated.copy_(v)
         elif u.dtype == torch.float32 and g.dtype == torch.float32:
-            ef_update(u, v, g, self.momentum)  # in place: u = m u + g; v += u
+            # in place: u = m u + g; v += u; and the new v copied out, in one pass on a CPU
+            ef_update(u, v, g, self.momentum, v_out=compensated)
         else:
             u.mul_(self.momentum).add_(g)
             v.add_(u)
+            compensated.copy_(v)
         if len(keys) == 1:
             self.momentums[keys[0]], self.residuals[keys[0]] = u, v
-            return v.clone()
-        return self._scratch(keys, v).copy_(v)
+        return compensated
 
     def _momentums_of(self, keys: Sequence[str], like: Tensor, sizes: Sequence[int]) -> Tensor:
         if len(keys) == 1:

@@ -50,6 +50,12 @@ def flat_finite(flat: Tensor) -> Tensor:
     return flat.sum(dtype=torch.float32).isfinite()
 
 
+def tensors_finite(tensors: Sequence[Tensor]) -> Tensor:
+    """:func:`flat_finite` of tensors that are not one flat bucket: the fp32 sum of their sums (a
+    reduction each, no copy of them)."""
+    return torch.stack([t.sum(dtype=torch.float32) for t in tensors]).sum().isfinite()
+
+
 def assert_finite(
     flag: Tensor, names: Sequence[str], tensors: Sequence[Tensor] | Callable[[], Sequence[Tensor]], where: str
 ) -> None:

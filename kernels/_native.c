@@ -432,6 +432,19 @@ void tw_ef_update(float *restrict u, float *restrict v, const float *restrict g,
     }
 }
 
+/* The same, the new v also written to v_out (its own memory): one pass where a copy would be a second. */
+void tw_ef_update_out(float *restrict u, float *restrict v, const float *restrict g, int64_t n, float m,
+                      float *restrict v_out) {
+    for (int64_t i = 0; i < n; ++i) {
+        float t = m * u[i];
+        t = t + g[i];
+        u[i] = t;
+        float w = v[i] + t;
+        v[i] = w;
+        v_out[i] = w;
+    }
+}
+
 /* Sparse payloads (top-k, DGC; kernels/masked_compact's masked_scatter): out[indices[j]] =
  * values[j] for j in order, the reference's index_copy_ without its int64 copy of the indices.
  * Returns -1, or the first j whose index is outside [0, n): then nothing is written. */

@@ -118,6 +118,8 @@ def _load() -> ctypes.CDLL | str:
     lib.tw_threshold_select.restype = i64
     lib.tw_ef_update.argtypes = [ptr, ptr, ptr, i64, ctypes.c_float]
     lib.tw_ef_update.restype = None
+    lib.tw_ef_update_out.argtypes = [ptr, ptr, ptr, i64, ctypes.c_float, ptr]
+    lib.tw_ef_update_out.restype = None
     lib.tw_scatter.argtypes = [ptr, ptr, i64, i64, ptr]
     lib.tw_scatter.restype = i64
     lib.tw_ternary_values.argtypes = [ptr, i64, ptr]
@@ -432,13 +434,29 @@ def threshold_select(
     return values, indices, torch.tensor(count, dtype=torch.int64)
 
 
-def ef_update(u_N: torch.Tensor, v_N: torch.Tensor, g_N: torch.Tensor, momentum: float) -> None:
+def ef_update(
+    u_N: torch.Tensor,
+    v_N: torch.Tensor,
+    g_N: torch.Tensor,
+    momentum: float,
+    v_out_N: torch.Tensor | None = None,
+) -> None:
     """In place, fp32: ``u = momentum * u + g; v += u`` in one pass (the reference's three ops, bit for
-    bit: the momentum is rounded to fp32 as torch rounds a Python scalar for an fp32 tensor)."""
+    bit: the momentum is rounded to fp32 as torch rounds a Python scalar for an fp32 tensor); with
+    ``v_out_N`` (memory of its own) the new ``v`` is written there too, in the same pass."""
     _check_cpu(torch.float32, u=u_N, v=v_N, g=g_N)
     if not u_N.numel() == v_N.numel() == g_N.numel():
         raise ValueError(f"u, v and g must have one size, got {u_N.numel()}, {v_N.numel()}, {g_N.numel()}")
-    _lib().tw_ef_update(u_N.data_ptr(), v_N.data_ptr(), g_N.data_ptr(), u_N.numel(), momentum)
+    if v_out_N is None:
+        _lib().tw_ef_update(u_N.data_ptr(), v_N.data_ptr(), g_N.data_ptr(), u_N.numel(), momentum)
+        return
+    _check_cpu(torch.float32, v_out=v_out_N)
+    if v_out_N.numel() != u_N.numel():
+        raise ValueError(f"v_out must have u's size {u_N.numel()}, got {v_out_N.numel()}")
+    lib = _lib()
+    lib.tw_ef_update_out(
+        u_N.data_ptr(), v_N.data_ptr(), g_N.data_ptr(), u_N.numel(), momentum, v_out_N.data_ptr()
+    )
 
 
 # torch.rand on a CPU generator, made by the compiled engine (``tw_mt_uniform``). The generator's

@@ -20,7 +20,7 @@ from torch.futures import Future
 
 from ..compressors.base import Compressor, CompressorRNG, check_fp32_layers
 from ..feedback import ErrorFeedback
-from ..finite import assert_finite, caller_checks, flat_finite
+from ..finite import assert_finite, caller_checks, flat_finite, tensors_finite
 from .collectives import ProcessGroup, get_rank
 from .hierarchy import HostHierarchy
 from .routes.base import Route, RouteHost
@@ -270,6 +270,27 @@ class GradientSync:
         self.check_finite(names, flat, sizes)
         return self.route.reduce_async(list(names), flat, list(sizes))
 
+    def reduce_tensors_async(self, names: Sequence[str], tensors: Sequence[Tensor]) -> Future[list[Tensor]]:
+        """:meth:`reduce_flat_async` of a bucket made of ``tensors`` (1-D, contiguous: e.g. some of
+        a DDP bucket's views, not adjacent), each mean written into its own tensor; a future of
+        the tensors. Where the route compresses the bucket tensor by tensor (the plain route off
+        the fused one) each is compensated, compressed and decoded where it lies; otherwise they
+        are gathered into one flat bucket (a ``cat``) and the mean copied back, in one op each.
+        The same means either way, bit for bit."""
+        names, tensors = list(names), list(tensors)
+        sizes = [t.numel() for t in tensors]
+        route = self.route
+        if isinstance(route, PlainRoute) and route.tensor_by_tensor(names, tensors[0], sizes):
+            if self.nonfinite_check and not caller_checks():
+                assert_finite(tensors_finite(tensors), names, tensors, self._where())
+            return route.reduce_tensors_async(names, tensors)
+
+        def copied_back(mean: Future[Tensor]) -> list[Tensor]:
+            torch._foreach_copy_(tensors, list(mean.value().split(sizes)))
+            return tensors
+
+        return self.reduce_flat_async(names, torch.cat(tensors), sizes).then(copied_back)
+
     def check_finite(self, names: Sequence[str], flat: Tensor, sizes: Sequence[int]) -> None:
         """Stop on a NaN or inf gradient before it is compressed or sent (a sparsifier could keep
         it in a residual, unseen): :class:`~common.finite.NonFiniteGradient` naming the tensor
@@ -279,8 +300,11 @@ class GradientSync:
                 flat_finite(flat),
                 list(names),
                 lambda: flat.split(list(sizes)),
-                f"in a reduction ({self.stats.steps} sync steps counted)",
+                self._where(),
             )
+
+    def _where(self) -> str:
+        return f"in a reduction ({self.stats.steps} sync steps counted)"
 
     # -- checkpointing ----------------------------------------------------------------------------
 

@@ -323,25 +323,26 @@ class DGCDataParallel(SyncStrategy):
     def reduce_bucket_async(self, names: Sequence[str], flat: Tensor, sizes: Sequence[int]) -> Future[Tensor]:
         """The mean of one DDP bucket, as a future (the hook's work): its sparsified tensors
         through the sparse sync (their all-gather in the background, so that it overlaps the rest
-        of the backward pass), the rest densely, then written back into ``flat``. Compression and
-        momentum correction run now; decompression when the collectives complete. Each route's
-        tensors are gathered from the bucket and written back in one op each."""
+        of the backward pass), the rest densely, each mean written back into ``flat``. Compression
+        and momentum correction run now; decompression when the collectives complete. A route's
+        tensors are the bucket's own views (``GradientSync.reduce_tensors_async``: on a CPU's
+        per-tensor route each is compressed and decoded where it lies, no copy of the route)."""
         key = tuple(names)
         if key not in self._routes:
             self._routes[key] = self._bucket_routes(names, sizes)
         tensors = flat.split(list(sizes))
-        pending: list[tuple[Future[Tensor], _Route]] = []
+        pending: list[tuple[Future[Any], _Route]] = []
         for route, sync in zip(self._routes[key], (self.sparse, self.dense), strict=True):
-            if route.members:
-                part = flat if route.whole else torch.cat([tensors[i] for i in route.members])
-                pending.append((sync.reduce_flat_async(route.names, part, route.sizes), route))
+            if route.whole:
+                pending.append((sync.reduce_flat_async(route.names, flat, route.sizes), route))
+            elif route.members:
+                views = [tensors[i] for i in route.members]
+                pending.append((sync.reduce_tensors_async(route.names, views), route))
 
-        def written_back(_: Future[list[Future[Tensor]]]) -> Tensor:
+        def written_back(_: Future[list[Future[Any]]]) -> Tensor:
             for future, route in pending:
-                mean = future.value()
-                if not route.whole:  # one launch for the route's tensors
-                    torch._foreach_copy_([tensors[i] for i in route.members], list(mean.split(route.sizes)))
-                elif mean.data_ptr() != flat.data_ptr():
+                mean = future.value()  # raises what the route raised
+                if route.whole and mean.data_ptr() != flat.data_ptr():
                     flat.copy_(mean)
             return flat
 
@@ -391,9 +392,7 @@ class DGCDataParallel(SyncStrategy):
 @dataclass
 class _Route:
     """The tensors of a DDP bucket that take one of DGC's two routes: their positions among the
-    bucket's tensors, names and sizes, and whether they are the whole bucket. They are gathered
-    with one ``cat`` (a memory copy on a CPU, one launch on a GPU) and written back with one
-    ``_foreach_copy_``: an ``index_select`` of the bucket's entries costs a CPU several times more."""
+    bucket's tensors, names and sizes, and whether they are the whole bucket."""
 
     members: list[int]
     names: list[str]

@@ -9,6 +9,8 @@ it; ``ef_update`` with indices does both when they are known up front. ``num_sen
 of a padded fixed-capacity index buffer, without a host synchronisation.
 
 ``u`` and ``v`` are fp32 and contiguous (they are updated in place); ``g`` is fp32, fp16 or bf16.
+``v_out`` takes a copy of the new ``v`` (error feedback's compensated gradient, which the residual
+update then owns): on a CPU in the same pass, where a copy after it would read ``v`` once more.
 With an fp32 ``g`` on a CPU, ``"auto"`` runs the update as one compiled loop (``kernels._native``),
 the reference's values bit for bit.
 """
@@ -70,8 +72,11 @@ def ef_update(
     *,
     num_sent: torch.Tensor | int | None = None,
     backend: NativeBackend = "auto",
+    v_out: torch.Tensor | None = None,
 ) -> None:
-    """In place: ``u = momentum * u + g; v += u``; then zero ``u``, ``v`` at ``sent_indices``."""
+    """In place: ``u = momentum * u + g; v += u``; then zero ``u``, ``v`` at ``sent_indices``.
+    ``v_out`` (fp32, contiguous, u's size, memory of its own; no ``sent_indices``): the new ``v``
+    written there too, in the same pass on a CPU (a copy after the update elsewhere)."""
     _check_state(u, v)
     check_floating(g, "g")
     if g.shape != u.shape:
@@ -79,8 +84,9 @@ def ef_update(
     check_same_device(u=u, v=v, g=g)
     count = None if sent_indices is None else _check_sent(u, sent_indices, num_sent)
     u_N, v_N, g_N = u.view(-1), v.view(-1), g.reshape(-1).contiguous()
+    v_out_N = None if v_out is None else _check_out(v_out, u, v, sent_indices)
     if g_N.dtype == torch.float32 and use_native(backend, u.device):  # one pass on a CPU, same bits
-        _native.ef_update(u_N, v_N, g_N, momentum)
+        _native.ef_update(u_N, v_N, g_N, momentum, v_out_N)
         if sent_indices is not None:
             reference.ef_mask(u_N, v_N, sent_indices, count)
         return
@@ -90,8 +96,29 @@ def ef_update(
         triton_impl.ef_update(u_N, v_N, g_N, momentum)
         if sent_indices is not None:
             _triton_mask(u_N, v_N, sent_indices, count)
-        return
-    reference.ef_update(u_N, v_N, g_N, momentum, sent_indices, count)
+    else:
+        reference.ef_update(u_N, v_N, g_N, momentum, sent_indices, count)
+    if v_out_N is not None:
+        v_out_N.copy_(v_N)
+
+
+def _check_out(
+    v_out: torch.Tensor, u: torch.Tensor, v: torch.Tensor, sent_indices: torch.Tensor | None
+) -> torch.Tensor:
+    if sent_indices is not None:
+        raise ValueError(
+            "v_out is the new v before any masking: pass no sent_indices with it (ef_mask after)"
+        )
+    if v_out.dtype != torch.float32 or not v_out.is_contiguous() or v_out.numel() != u.numel():
+        raise ValueError(
+            f"v_out must be a contiguous float32 tensor of u's {u.numel()} entries, "
+            f"got {v_out.dtype} with {v_out.numel()}"
+        )
+    check_same_device(u=u, v_out=v_out)
+    memory = v_out.untyped_storage().data_ptr()
+    if v_out.numel() and memory in (u.untyped_storage().data_ptr(), v.untyped_storage().data_ptr()):
+        raise ValueError("v_out must not share memory with u or v")
+    return v_out.view(-1)
 
 
 def ef_mask(

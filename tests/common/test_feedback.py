@@ -89,3 +89,29 @@ def test_update_sparse_equals_update_with_the_dense_sent(masking):
                 assert torch.equal(
                     dense.momentums[key].view(torch.int32), sparse.momentums[key].view(torch.int32)
                 )
+
+
+@pytest.mark.parametrize("memory", ["error_feedback", "momentum_correction"])
+def test_a_tensors_scratch_and_residual_trade_places(memory):
+    """One tensor at a time (GradientSync's per-tensor route): what ``compensate`` returns is a
+    scratch buffer that ``update_sparse`` makes the residual, the residual before becoming the
+    next scratch: two buffers per tensor however many steps (no bucket-sized allocation per
+    step), the residuals those of ``update`` with the dense sent, bit for bit."""
+    from common.feedback import MomentumCorrection
+
+    def make() -> ErrorFeedback:
+        return ErrorFeedback() if memory == "error_feedback" else MomentumCorrection(momentum=0.9)
+
+    comp, sparse, dense = build_compressor("topk", density=0.1), make(), make()
+    buffers = set()
+    for step in range(5):
+        g = torch.randn(400, generator=torch.Generator().manual_seed(step))
+        c_sparse, c_dense = sparse.compensate(["w"], g, [400]), dense.compensate(["w"], g, [400])
+        payload = comp.compress(c_dense, CompressorRNG(seed=1, rank=0))
+        indices, values = comp.sparse_sent(payload)
+        dense.update(["w"], c_dense, comp.decompress(payload), [400])
+        sparse.update_sparse(["w"], c_sparse, indices, values, [400])
+        assert torch.equal(sparse.residuals["w"], dense.residuals["w"])
+        assert sparse.residuals["w"].data_ptr() == c_sparse.data_ptr()
+        buffers.add(c_sparse.data_ptr())
+    assert len(buffers) == 2

@@ -481,3 +481,26 @@ def test_ternary_values_and_scale_values_refuse_bad_input() -> None:
         scale_values(torch.zeros(3, dtype=torch.int32), 1.0, backend="native")
     with pytest.raises(ValueError, match="out must be a contiguous float32 tensor of 3 entries"):
         scale_values(torch.zeros(3, dtype=torch.int8), 1.0, out=torch.empty(4))
+
+
+@pytest.mark.parametrize("numel", [0, *SIZES])
+@pytest.mark.parametrize("backend", ["auto", "reference"])
+def test_ef_update_copies_the_new_v_out_in_the_same_pass(numel: int, backend: str, gen) -> None:
+    """``v_out`` (error feedback's compensated copy): the new ``v`` bit for bit, ``u`` and ``v``
+    as without it; refused with masking, of another size or dtype, or sharing ``v``'s memory."""
+    u, v, g = (special_gradient(numel, gen) for _ in range(3))
+    u_ref, v_ref = u.clone(), v.clone()
+    ef_update_ref(u_ref, v_ref, g, 0.9, None, None)
+    out = torch.full_like(v, float("nan"))
+    ef_update(u, v, g, 0.9, backend=backend, v_out=out)
+    assert torch.equal(u, u_ref) and torch.equal(v, v_ref) and torch.equal(out, v_ref)
+    if numel < 8:
+        return
+    for bad, message in (
+        ({"v_out": out[1:]}, "v_out must be a contiguous float32 tensor of u's"),
+        ({"v_out": out.double()}, "v_out must be a contiguous float32 tensor of u's"),
+        ({"v_out": v}, "must not share memory"),
+        ({"v_out": out, "sent_indices": torch.tensor([1])}, "pass no sent_indices with it"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            ef_update(u, v, g, 0.9, **{"backend": backend, **bad})

@@ -12,8 +12,10 @@ The plain route (:mod:`.plain`) sends such a bucket as one step (:meth:`FusedRou
 :meth:`FusedRoute.reduce_scaled_async`.
 
 TernGrad's route (``needs.scaled_codes``) returns a chain of futures, as PyTorch's PowerSGD hook
-does: the max all-reduce of the scalers, then the codes' collective, then the decoding, each
-started by the previous one's completion, so a DDP hook returns at once.
+does: the max all-reduce of the scalers, then the codes' collective, then the decoding. The codes'
+round is launched from the caller's thread once the scalers' round is complete, as the low-rank
+route's second round (:meth:`FusedRoute.reduce_scaled_async`): at once on NCCL, whose futures
+complete when enqueued, so a DDP hook returns at once; on gloo after waiting for the scalers.
 """
 
 from __future__ import annotations
@@ -110,7 +112,11 @@ class FusedRoute:
             segments
         )
 
-        def encode(scaler_round: Future[Tensor]) -> tuple[Tensor, Any]:
+        codes: list[
+            Future[Any]
+        ] = []  # the codes' round, launched by ``encode`` (a future holds tensors only)
+
+        def encode(scaler_round: Future[Tensor]) -> Tensor:
             scalers_S = scaler_round.value()
             with stats.phase("compress", device):
                 payload = compressor.compress_segments(
@@ -121,14 +127,21 @@ class FusedRoute:
                     ef.update(names, compensated, sent, sizes)
             if route == "allreduce":
                 code_sum = compressor.codes(payload).to(torch.int8 if world <= 127 else torch.int16)
-                return scalers_S, _all_reduce_async(code_sum, dist.ReduceOp.SUM, sync).wait()
-            wire = list(payload.wire.values())
-            gathered = all_gather_variable_async(wire, sizes_known=True, stats=stats, group=sync.group).wait()
-            keys = list(payload.wire)
-            return scalers_S, [payload.with_wire(dict(zip(keys, rank, strict=True))) for rank in gathered]
+                codes.append(_all_reduce_async(code_sum, dist.ReduceOp.SUM, sync))
+            else:
+                keys, wire = list(payload.wire), list(payload.wire.values())
+                gathering = all_gather_variable_async(wire, sizes_known=True, stats=stats, group=sync.group)
+                codes.append(
+                    gathering.then(
+                        lambda g: [
+                            payload.with_wire(dict(zip(keys, rank, strict=True))) for rank in g.value()
+                        ]
+                    )
+                )
+            return scalers_S
 
-        def decode(code_round: Future[tuple[Tensor, Any]]) -> Tensor:
-            scalers_S, received = code_round.value()
+        def decode(code_round: Future[Any]) -> Tensor:
+            received = code_round.value()
             with stats.phase("decompress", device):
                 if route == "allreduce":
                     total = compressor.decode_sum_segments(received, scalers_S, segments, flat)
@@ -139,7 +152,16 @@ class FusedRoute:
                 stats.dense_bits += flat.numel() * 32
             return mean
 
-        return cast(Future[Tensor], agreed.then(encode).then(decode))
+        # The codes' round is launched from this thread, as LowRankRoute.reduce_async launches its
+        # second round: every rank then launches its collectives in the same order. NCCL completes
+        # the scalers' future once enqueued (``encode`` runs here at once, the host waits for
+        # nothing); gloo completes it on a worker thread, where a launch would race with the next
+        # bucket's from here (and a wait inside it would hold the thread that other buckets'
+        # collectives need: several buckets in flight deadlocked): there it is waited for first.
+        if not agreed.done():
+            agreed.wait()
+        scalers_S = agreed.then(encode).wait()  # runs here and now; raises its error
+        return cast(Future[Tensor], codes[0].then(decode))
 
 
 def _all_reduce_async(tensor: Tensor, op: Any, sync: RouteHost) -> Future[Tensor]:

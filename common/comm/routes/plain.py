@@ -52,44 +52,66 @@ class PlainRoute:
         self.fused = fused
 
     def reduce(self, names: list[str], flat: Tensor, sizes: list[int]) -> Tensor:
-        host = self.host
         steps = self.compress_units(names, flat, sizes)
-        with host.stats.phase("communicate", flat.device):
-            if host.use_allreduce:
-                for work in all_reduce_payloads(host, steps, async_op=False):
-                    work()
-                gathered: list[list[Payload] | None] = [None] * len(steps)
-            else:
-                gathered = list(all_gather_payloads(host, steps))
-        return self.finish_all(steps, gathered, flat)
+        return self.finish_all(steps, self.send(steps), flat)
 
     def reduce_async(self, names: list[str], flat: Tensor, sizes: list[int]) -> Future[Tensor]:
         """The collective in the background, decompression in its callback (world size 1: done
         at once). ``communicate`` seconds are the time from launch to completion, overlap included."""
-        host = self.host
-        if get_world_size(host.group) == 1:
+        if get_world_size(self.host.group) == 1:
             return done(self.reduce(names, flat, sizes))
         steps = self.compress_units(names, flat, sizes)
+        return self.send_async(steps).then(lambda arrived: self.finish_all(steps, arrived.value(), flat))
+
+    def tensor_by_tensor(self, names: list[str], like: Tensor, sizes: list[int]) -> bool:
+        """Whether a bucket of these tensors is compressed each tensor on its own (not whole, not
+        on the fused route): then :meth:`reduce_tensors_async` takes the tensors where they lie."""
+        host = self.host
+        per_tensor = len(names) == 1 or (host.compress_per_tensor and not host.compressor.elementwise)
+        return per_tensor and self.fused.layout(names, like, sizes) is None
+
+    def reduce_tensors_async(self, names: list[str], tensors: list[Tensor]) -> Future[list[Tensor]]:
+        """Each of ``tensors`` (1-D and contiguous, e.g. views of a DDP bucket) compressed on its
+        own, every payload in the bucket's one collective, each mean decoded into its own tensor:
+        :meth:`reduce_async` of a bucket made of them (the same units, draws and collective), with
+        no flat copy of the tensors and none of the means. Only where :meth:`tensor_by_tensor`."""
+        steps = [self._compress([name], t, [t.numel()]) for name, t in zip(names, tensors, strict=True)]
+        if get_world_size(self.host.group) == 1:
+            return done(self.finish_into(steps, self.send(steps)))
+        return self.send_async(steps).then(lambda arrived: self.finish_into(steps, arrived.value()))
+
+    def send(self, steps: list[Step]) -> list[list[Payload] | None]:
+        """The steps' payloads across the ranks, blocking (one collective per bucket): every
+        rank's payloads per step (all-gather), or None per step (all-reduce: summed in place)."""
+        host = self.host
+        with host.stats.phase("communicate", steps[0].flat.device):
+            if not host.use_allreduce:
+                return list(all_gather_payloads(host, steps))
+            for work in all_reduce_payloads(host, steps, async_op=False):
+                work()
+        return [None] * len(steps)
+
+    def send_async(self, steps: list[Step]) -> Future[list[list[Payload] | None]]:
+        """:meth:`send` in the background: a future of what it returns."""
+        host = self.host
         start = time.perf_counter()
         if not host.use_allreduce:
             keys = [list(step.payload.wire) for step in steps]
-            gathering = gather_wire(host, steps, all_gather_variable_async)
 
-            def decode(arrived: Future[list[list[Tensor]]]) -> Tensor:
+            def arrived(gathering: Future[list[list[Tensor]]]) -> list[list[Payload] | None]:
                 host.stats.add_seconds("communicate", time.perf_counter() - start)
-                return self.finish_all(steps, split_gathered(steps, keys, arrived.value()), flat)
+                return list(split_gathered(steps, keys, gathering.value()))
 
-            return gathering.then(decode)
+            return gather_wire(host, steps, all_gather_variable_async).then(arrived)
         works = all_reduce_payloads(host, steps, async_op=True)
-        futures = [work.future for work in works if work.future is not None]
 
-        def finish(_: Future[list[Future[list[Tensor]]]]) -> Tensor:
+        def summed(_: Future[list[Future[list[Tensor]]]]) -> list[list[Payload] | None]:
             for work in works:
                 work()  # copies a fused buffer back into the payloads
             host.stats.add_seconds("communicate", time.perf_counter() - start)
-            return self.finish_all(steps, [None] * len(steps), flat)
+            return [None] * len(steps)
 
-        return torch.futures.collect_all(futures).then(finish)
+        return torch.futures.collect_all([w.future for w in works if w.future is not None]).then(summed)
 
     def compress_units(self, names: list[str], flat: Tensor, sizes: list[int]) -> list[Step]:
         """Compress a bucket: whole on the fused route where it serves, else unit by unit."""
@@ -140,6 +162,15 @@ class PlainRoute:
             return None
         return sparse
 
+    def finish_into(self, steps: list[Step], gathered: Sequence[list[Payload] | None]) -> list[Tensor]:
+        """Decompress each step into its own ``flat`` (copied there where a decoder could not
+        write it itself); returns those tensors."""
+        for step, g in zip(steps, gathered, strict=True):
+            mean = self._finish(step, g)
+            if mean.data_ptr() != step.flat.data_ptr():
+                step.flat.copy_(mean)
+        return [step.flat for step in steps]
+
     def finish_all(self, steps: list[Step], gathered: Sequence[list[Payload] | None], flat: Tensor) -> Tensor:
         means = [self._finish(step, g) for step, g in zip(steps, gathered, strict=True)]
         if len(means) == 1:
@@ -167,7 +198,7 @@ class PlainRoute:
             # never a tensor the residual update still reads (those were copied before the
             # all-reduce). Saves a bucket-sized allocation and pass (~25% of a 2 MiB bucket's sync
             # time, measured).
-            mean = total.reshape(-1).to(step.flat.dtype).div_(world)
+            mean = self._divided(total.reshape(-1).to(step.flat.dtype), gathered, world)
             ef = host.error_feedback
             if ef is not None and step.sparse is not None:
                 indices, values = step.sparse
@@ -178,6 +209,16 @@ class PlainRoute:
         if world > 1:
             host.stats.dense_bits += step.flat.numel() * 32
         return mean
+
+    def _divided(self, total: Tensor, gathered: list[Payload] | None, world: int) -> Tensor:
+        """``total / world``, in place. A sparsifier's gathered sum is +0 but at its payloads'
+        positions (``Compressor.sparse_sent``), and +0 / world is +0: only those positions are
+        divided, the same values without a pass over the tensor (world x k entries, not N)."""
+        sparse = [self.host.compressor.sparse_sent(p) for p in gathered] if gathered is not None else []
+        if not sparse or any(s is None for s in sparse):
+            return total.div_(world)
+        positions = torch.cat([s[0] for s in sparse if s is not None]).long()
+        return total.index_put_((positions,), total.index_select(0, positions).div_(world))
 
 
 def all_reduce_payloads(host: RouteHost, steps: list[Step], *, async_op: bool) -> list[_Reduction]:

@@ -132,8 +132,8 @@ def test_topk_allgather_equals_dense_reference(results):
     expected = sum(
         comp.decompress(comp.compress(res[r]["topk_local"], CompressorRNG(0, r))) for r in range(world)
     )
-    for r in range(world):
-        torch.testing.assert_close(res[r]["topk_mean"], expected / world)
+    for r in range(world):  # bit for bit: the route divides only the sent positions, zeros elsewhere
+        assert torch.equal(res[r]["topk_mean"], expected / world)
     # fixed k = 10 of 200: values fp32 + indices int32, no size exchange
     assert res[0]["topk_bits"] == 10 * 64
 
@@ -364,3 +364,87 @@ def test_the_all_gather_route_runs_in_the_background_and_equals_the_blocking_one
     for r in results:
         assert r["equal"] and r["residuals_equal"]
         assert r["bits"][0] == r["bits"][1] > 0
+
+
+def _launched(reduce, *args) -> tuple:
+    """``reduce(*args)``'s future, and how many tensors of at least ``_WHOLE`` entries (a copy of
+    the tensors reduced) a ``cat`` made on this thread while launching it (the decoding may run on
+    a collective's thread, or here if it completed first: the payloads' own cats are smaller)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class BigCats(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func.overloadpacket is torch.ops.aten.cat and out.numel() >= _WHOLE:
+                BigCats.count += 1
+            return out
+
+    with BigCats():
+        future = reduce(*args)
+    return future, BigCats.count
+
+
+_WHOLE = 6000  # the entries of the tensors _tensors_where_they_lie reduces
+
+
+def _tensors_where_they_lie(rank: int, world: int, name: str, fused: bool) -> dict:
+    """``reduce_tensors_async`` of every other tensor of a buffer (as DGC's sparsified tensors of a
+    DDP bucket), two steps, against ``reduce_flat_async`` of their concatenation; the ``cat`` ops
+    each dispatches on this thread."""
+    from common.feedback import MomentumCorrection
+
+    def sync() -> GradientSync:
+        memory = MomentumCorrection(0.9) if name == "dgc" else True
+        return GradientSync(
+            build_compressor(name, density=0.05),
+            error_feedback=memory,
+            transport="allgather",
+            bucket_numel=10**9,
+            compress_per_tensor=True,
+            fused=fused,
+        )
+
+    names, sizes, chosen = ["a", "a.bias", "b", "b.bias", "c"], [1000, 7, 3000, 5, 2000], [0, 2, 4]
+    assert sum(sizes[i] for i in chosen) == _WHOLE
+    views_sync, flat_sync = sync(), sync()
+    out: dict = {"equal": [], "in_place": [], "untouched": [], "cats": []}
+    for step in range(2):
+        buffer = torch.randn(sum(sizes), generator=torch.Generator().manual_seed(10 * rank + step))
+        before = buffer.clone()
+        views = [t for i, t in enumerate(buffer.split(sizes)) if i in chosen]
+        flat = torch.cat(views)
+        chosen_names, chosen_sizes = [names[i] for i in chosen], [sizes[i] for i in chosen]
+        flat_round = _launched(flat_sync.reduce_flat_async, chosen_names, flat, chosen_sizes)
+        views_round = _launched(views_sync.reduce_tensors_async, chosen_names, views)
+        cats = [flat_round[1], views_round[1]]
+        flat_round[0].wait()
+        result = views_round[0].wait()
+        out["cats"].append(cats)
+        out["equal"].append(torch.equal(torch.cat(result), flat))  # flat: the mean, in place
+        out["in_place"].append([t.data_ptr() for t in result] == [v.data_ptr() for v in views])
+        kept = [i for i in range(len(sizes)) if i not in chosen]
+        out["untouched"].append(
+            all(torch.equal(buffer.split(sizes)[i], before.split(sizes)[i]) for i in kept)
+        )
+    out["residuals"] = all(
+        torch.equal(views_sync.error_feedback.residuals[n], flat_sync.error_feedback.residuals[n])
+        for n in ("a", "b", "c")
+    )
+    return out
+
+
+@pytest.mark.parametrize("name", ["topk", "dgc"])
+@pytest.mark.parametrize("fused", [False, True], ids=["per-tensor", "fused"])
+def test_tensors_are_reduced_where_they_lie(tmp_path, name, fused):
+    """``GradientSync.reduce_tensors_async`` (DGC's hook: its sparsified tensors of a DDP bucket)
+    gives the flat bucket's means and residuals bit for bit, written into the tensors, the rest of
+    the buffer untouched; on the per-tensor route without gathering them into a flat bucket, on
+    the fused route through one (a ``cat`` of them)."""
+    for result in run_ranks(_tensors_where_they_lie, 2, name, fused, tmp_path=tmp_path):
+        assert result["equal"] == result["in_place"] == result["untouched"] == [True, True]
+        assert result["residuals"]
+        # the fused route's first step builds its tables (both syncs alike): count the difference
+        assert [views - flat for flat, views in result["cats"]] == [1 if fused else 0] * 2
+        assert fused or result["cats"] == [[0, 0]] * 2

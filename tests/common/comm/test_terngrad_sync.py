@@ -163,3 +163,54 @@ def test_auto_picks_the_cheaper_code_transport():
 def test_bad_options_are_rejected(options, message):
     with pytest.raises(ValueError, match=message):
         build_compressor("terngrad", **options)
+
+
+def _hook_with_buckets_in_flight(rank: int, world: int, options: dict) -> dict:
+    """TernGrad's fused route through DDP's hook, a bucket per layer (several in flight at once),
+    and the explicit path's mean of the same gradients (draws keyed by name and count, scalers
+    per tensor: the buckets do not change the mean)."""
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel
+
+    from common.comm import install_ddp_hook
+
+    def net() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(
+            *[nn.Sequential(nn.Linear(64, 64), nn.ReLU()) for _ in range(6)], nn.Linear(64, 10)
+        )
+
+    model, local = DistributedDataParallel(net(), bucket_cap_mb=0.01), net()
+    hook = install_ddp_hook(model, "terngrad", fused=True, **options)
+    explicit = GradientSync(
+        build_compressor("terngrad", **options), bucket_numel=10**9, compress_per_tensor=True, fused=True
+    )
+    data = torch.Generator().manual_seed(rank)
+    equal = []
+    for _ in range(3):
+        x, y = torch.randn(8, 64, generator=data), torch.randint(0, 10, (8,), generator=data)
+        for m in (model, local):
+            m.zero_grad()
+            nn.functional.cross_entropy(m(x), y).backward()
+        explicit.sync([(n, p.grad) for n, p in local.named_parameters()])
+        equal.append(
+            all(torch.equal(a.grad, b.grad) for a, b in zip(model.module.parameters(), local.parameters()))
+        )
+    buckets = model._get_ddp_logging_data()["rebuilt_bucket_sizes"].split(",")  # DDP's, after step 1
+    return {"buckets": len(buckets), "equal": equal, "routes": dict(hook.stats.routes)}
+
+
+@pytest.mark.parametrize("transport", ["allgather", "allreduce"])
+def test_the_fused_route_through_ddp_with_buckets_in_flight_completes(tmp_path, transport):
+    """The codes' round used to be launched (and waited for) inside the scalers' completion
+    callback, on gloo's worker thread: with several buckets in flight the ranks deadlocked. A
+    deadlock fails here at the timeout instead of hanging."""
+    results = run_ranks(
+        _hook_with_buckets_in_flight, 2, {"code_transport": transport}, tmp_path=tmp_path, timeout=120
+    )
+    for result in results:
+        assert result["buckets"] == 6
+        assert result["equal"] == [True, True, True]  # the explicit path's mean, bit for bit
+        assert set(result["routes"]) == {
+            f"terngrad-{'int8-allreduce' if transport == 'allreduce' else transport}"
+        }
