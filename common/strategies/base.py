@@ -1,10 +1,8 @@
 """Sync strategies: what crosses the wire in a training step, plugged into ``common.train``.
 
 The training loop calls, each step: ``forward_backward`` -> ``after_backward`` -> optimizer step
--> ``after_step``. Data-parallel methods average gradients in ``after_backward``; decentralized
-(gossip) methods mix parameters in ``after_step``; pipeline-parallel training overrides
-``forward_backward``. None of them copies the loop.
-"""
+-> ``after_step``. Data-parallel methods average gradients in ``after_backward``; gossip methods
+mix parameters in ``after_step``; pipeline-parallel training overrides ``forward_backward``."""
 
 from __future__ import annotations
 

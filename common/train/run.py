@@ -67,10 +67,8 @@ def train(
     loads it once; sparse AxoNN's stage measures each run's memory without it). ``artifacts_dir``:
     where ``model.pt`` and ``ckpt/`` go (default ``out_dir``).
 
-    A last evaluation that gives a NaN or inf raises :class:`~common.finite.NonFiniteMetric` on
-    every rank once rank 0 has written the outputs (the MLflow run ends FAILED): such a run is
-    not a result, and a launcher does not retry it.
-    """
+    A NaN or inf in the last evaluation raises :class:`~common.finite.NonFiniteMetric` on every
+    rank once rank 0 has written the outputs (MLflow: FAILED); a launcher does not retry it."""
     config = effective_config(config)  # the settings its strategy forces, as they are run and logged
     ctx = ctx or init_from_env(timeout_s=config.collective_timeout_s)
     if ctx.world_size != get_world_size():

@@ -108,13 +108,10 @@ class FusedRoute:
         shared = compressor.needs.scaler_round == "max"
         agreed = _all_reduce_async(own_S.clone(), dist.ReduceOp.MAX, sync) if shared else done(own_S)
         route = code_route(compressor, world)
-        stats.routes[f"{compressor.name}-{'int8-allreduce' if route == 'allreduce' else 'allgather'}"] += len(
-            segments
-        )
-
-        codes: list[
-            Future[Any]
-        ] = []  # the codes' round, launched by ``encode`` (a future holds tensors only)
+        kind = "int8-allreduce" if route == "allreduce" else "allgather"
+        stats.routes[f"{compressor.name}-{kind}"] += len(segments)
+        # the codes' round, launched by ``encode`` (a future holds tensors only)
+        codes: list[Future[Any]] = []
 
         def encode(scaler_round: Future[Tensor]) -> Tensor:
             scalers_S = scaler_round.value()
@@ -125,19 +122,7 @@ class FusedRoute:
                 if ef is not None:
                     sent = compressor.decode_segments_into([payload], torch.empty_like(compensated))
                     ef.update(names, compensated, sent, sizes)
-            if route == "allreduce":
-                code_sum = compressor.codes(payload).to(torch.int8 if world <= 127 else torch.int16)
-                codes.append(_all_reduce_async(code_sum, dist.ReduceOp.SUM, sync))
-            else:
-                keys, wire = list(payload.wire), list(payload.wire.values())
-                gathering = all_gather_variable_async(wire, sizes_known=True, stats=stats, group=sync.group)
-                codes.append(
-                    gathering.then(
-                        lambda g: [
-                            payload.with_wire(dict(zip(keys, rank, strict=True))) for rank in g.value()
-                        ]
-                    )
-                )
+            codes.append(_send_codes(compressor, payload, route, world, sync))
             return scalers_S
 
         def decode(code_round: Future[Any]) -> Tensor:
@@ -162,6 +147,18 @@ class FusedRoute:
             agreed.wait()
         scalers_S = agreed.then(encode).wait()  # runs here and now; raises its error
         return cast(Future[Tensor], codes[0].then(decode))
+
+
+def _send_codes(compressor: Any, payload: Any, route: str, world: int, sync: RouteHost) -> Future[Any]:
+    """The codes' round: their int8 (int16 past 127 ranks) sum, or every rank's payload gathered."""
+    if route == "allreduce":
+        code_sum = compressor.codes(payload).to(torch.int8 if world <= 127 else torch.int16)
+        return _all_reduce_async(code_sum, dist.ReduceOp.SUM, sync)
+    keys, wire = list(payload.wire), list(payload.wire.values())
+    gathering = all_gather_variable_async(wire, sizes_known=True, stats=sync.stats, group=sync.group)
+    return gathering.then(
+        lambda g: [payload.with_wire(dict(zip(keys, rank, strict=True))) for rank in g.value()]
+    )
 
 
 def _all_reduce_async(tensor: Tensor, op: Any, sync: RouteHost) -> Future[Tensor]:
