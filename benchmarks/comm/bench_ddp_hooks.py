@@ -10,7 +10,9 @@ parameters, with one bucket (``bucket_cap_mb=1024``: on gloo, torch's PowerSGD h
 DDP's default buckets, "Received data size doesn't match expected size", issue 20):
 
 - ``allreduce``: no hook (DDP's built-in fp32 all-reduce), the baseline of every ratio;
-- ``torch_fp16`` / ``thinwire_fp16``: ``fp16_compress_hook`` / ``install_ddp_hook(m, "fp16")``;
+- ``torch_fp16`` / ``thinwire_fp16``: ``fp16_compress_hook`` / ``install_ddp_hook(m, "fp16")``
+  (``thinwire_fp16_unchecked``: the same without GradientSync's NaN/inf check of each bucket,
+  which torch's hook does not make);
 - ``torch_powersgd_rK`` / ``thinwire_powersgd_rK``: ``powerSGD_hook`` (error feedback, warm start,
   ``start_powerSGD_iter=2``) / ``install_ddp_hook(m, "powersgd", rank=K, error_feedback=True)``;
 - thinwire's top-k 1 % + EF, QSGD 4-bit, TernGrad, EF-signSGD, random block 1 % + EF and random-k
@@ -153,6 +155,10 @@ def build_variants(model_name: str) -> list[Variant]:
     ours16 = _ddp(model_name, state)
     sync16 = install_ddp_hook(ours16, "fp16")
     variants.append(Variant("thinwire_fp16", ours16, _per_step(sync16)))
+    unchecked = _ddp(model_name, state)  # the NaN/inf check's cost: one fp32 sum per bucket
+    sync16_unchecked = install_ddp_hook(unchecked, "fp16")
+    sync16_unchecked.nonfinite_check = False
+    variants.append(Variant("thinwire_fp16_unchecked", unchecked, _per_step(sync16_unchecked)))
     for rank in RANKS if BUCKET_CAP_MB[0] >= 1024 else ():
         theirs = _ddp(model_name, state)
         torch_state = powerSGD_hook.PowerSGDState(
