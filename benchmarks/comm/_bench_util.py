@@ -39,6 +39,12 @@ def log0(message: str) -> None:
 
 
 def git_sha() -> str:
+    """The commit of the code this process loaded (read once, at import: a commit landing while a
+    benchmark runs does not relabel what it measured)."""
+    return _LOADED_SHA
+
+
+def _head_sha() -> str:
     try:
         out = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"],
@@ -108,3 +114,6 @@ def write_markdown(name: str, lines: Sequence[str], *, no_write: bool) -> None:
     """A benchmark's table into ``benchmarks/results/<name>`` (not with ``--no-write``)."""
     if not no_write:
         (RESULTS_DIR / name).write_text("\n".join(lines) + "\n")
+
+
+_LOADED_SHA = _head_sha()
