@@ -11,7 +11,10 @@ warm-up together win it back. Every verdict from :mod:`harness.verdict` (95 % in
 paired). Also: the density DGC actually sent and its compression after the warm-up (the paper's
 270-600x is for that steady state), QSGD's bits against accuracy, and the Elias-coded payload
 measured by ``benchmarks/comm/bench_qsgd_elias.py`` (``benchmarks/results/qsgd_elias.md``).
-Writes ``report.md``, ``report.json`` and ``curves.png``.
+And the training-length study (:mod:`harness.length`): DGC on CIFAR-10 at 2x and 4x the epochs
+beside fp32, the no-loss claim judged at each length, the verdict text ("holds at longer training:
+from N epochs" / "does not close") and ``length.png`` generated from those runs.
+Writes ``report.md``, ``report.json``, ``curves.png`` and (with the longer runs) ``length.png``.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 
 from common.paths import REPO_ROOT
 from common.plots import method_color, readable_log_axis
+from harness import length
 from harness.claims import (
     PaperReport,
     Runs,
@@ -257,10 +261,15 @@ def plot_curves(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def build(suite_root: Path, out: Path, scale: str) -> PaperReport:
-    claims, rows = collect(load_runs(suite_root), load_runs(out), suite_convergence(suite_root))
-    return PaperReport(
-        markdown(claims, rows, scale), claims, rows, {"curves.png": lambda path: plot_curves(rows, path)}
-    )
+    suite, own = load_runs(suite_root), load_runs(out)
+    claims, rows = collect(suite, own, suite_convergence(suite_root))
+    lengths = length.studies(suite, own, "dgc", "DGC at 99.9 % sparsity loses nothing")
+    figures = {"curves.png": lambda path: plot_curves(rows, path)}
+    text = markdown(claims, rows, scale)
+    if lengths:
+        figures["length.png"] = lambda path: length.plot(lengths, path)
+        text += "\n".join(length.markdown(lengths))
+    return PaperReport(text, claims, rows, figures, {"length": lengths})
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -14,7 +14,10 @@ method). Claims, through :mod:`harness.verdict` (95 % interval over seeds, paire
   (both at the recipe's lr);
 - DEF-A is ahead of DEF early in training (the evaluation at 30 % of the run, best lr each).
 
-Writes ``report.md``, ``report.json`` and ``curves.png``.
+And the training-length study (:mod:`harness.length`): DEF at 1/16 on CIFAR-10 at 2x and 4x the
+epochs beside fp32, the no-loss claim judged at each length, the verdict text ("holds at longer
+training: from N epochs" / "does not close") and ``length.png`` generated from those runs.
+Writes ``report.md``, ``report.json``, ``curves.png`` and (with the longer runs) ``length.png``.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from common.plots import method_color, readable_log_axis
+from harness import length
 from harness.claims import (
     PaperReport,
     Runs,
@@ -275,10 +279,15 @@ def plot_curves(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def build(suite_root: Path, out: Path, scale: str) -> PaperReport:
-    claims, rows = collect(load_runs(suite_root), load_runs(out), suite_convergence(suite_root))
-    return PaperReport(
-        markdown(claims, rows, scale), claims, rows, {"curves.png": lambda path: plot_curves(rows, path)}
-    )
+    suite, own = load_runs(suite_root), load_runs(out)
+    claims, rows = collect(suite, own, suite_convergence(suite_root))
+    lengths = length.studies(suite, own, "def", "DEF at 1/16 loses nothing against fp32")
+    figures = {"curves.png": lambda path: plot_curves(rows, path)}
+    text = markdown(claims, rows, scale)
+    if lengths:
+        figures["length.png"] = lambda path: length.plot(lengths, path)
+        text += "\n".join(length.markdown(lengths))
+    return PaperReport(text, claims, rows, figures, {"length": lengths})
 
 
 def main(argv: list[str] | None = None) -> None:

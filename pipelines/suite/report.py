@@ -156,7 +156,7 @@ def task_rows(
         }
         if metric == "loss":
             row["perplexity"] = _mean([math.exp(v) for v in values.values()])
-        if run not in (base_name, longer):
+        if run != base_name and not run.startswith(f"{base_name}x"):  # fp32 at k x the epochs: references
             diff = difference(values, base_values)
             verdict = judge(diff, claim, min_seeds=min_seeds_for(claim), baseline=check)
             row |= {
@@ -243,7 +243,13 @@ def markdown(convergence: list[dict[str, Any]], rows: list[dict[str, Any]], scal
                 verdict = f"**{verdict}**" if verdict != "inconclusive" else verdict
                 why = r["reason"]
             else:
-                role = "convergence check (twice the epochs)" if r["run"] == c["longer_run"] else "baseline"
+                role = (
+                    "baseline"
+                    if r["method"] == "fp32"
+                    else "convergence check (twice the epochs)"
+                    if r["run"] == c["longer_run"]
+                    else f"reference ({r['method'].removeprefix('fp32x')}x the epochs)"
+                )
                 delta, interval, claim, verdict, why = "-", "-", role, "-", ""
             mean = _fmt(r["mean"], metric)
             if metric == "loss":
