@@ -8,7 +8,10 @@ gap against training length. The verdict text comes from those judgments, never 
 
 - "holds at longer training: from N epochs" when the claim is reproduced at some length (N: the
   shortest such length);
-- "does not close" otherwise, with the gap and verdict at each length.
+- "does not close" when it is not, and the longest length judged over enough seeds lies wholly
+  outside the claim;
+- "undecided" otherwise (the longest length judged straddles a bound, or no length has the seeds),
+  each with the gap and verdict at every length.
 
 The runs: the suite's ``<task>_<method>`` and ``<task>_fp32`` (1x), the suite's ``<task>_fp32x<k>``
 and the paper's own ``<task>_<method>_x<k>`` (k x the epochs).
@@ -22,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.claims import Runs, metric_value, no_loss_claim, suite_tasks
-from harness.verdict import REPRODUCED, Claim, difference, judge, min_seeds_for
+from harness.verdict import NOT_REPRODUCED, REPRODUCED, Claim, difference, judge, min_seeds_for
 
 LONGER = re.compile(r"_x(?P<factor>\d+)$")
 
@@ -74,6 +77,7 @@ def length_rows(
                 "high": diff.high,
                 "verdict": verdict.verdict,
                 "reason": verdict.reason,
+                "enough_seeds": min(len(method_values), len(fp32_values)) >= min_seeds_for(claim),
                 "mlflow_run_ids": [ours[s]["info"]["mlflow_run_id"] for s in sorted(ours)],
             }
         )
@@ -94,7 +98,7 @@ def _gap(row: dict[str, Any], metric: str) -> str:
 
 
 def verdict_text(rows: list[dict[str, Any]], metric: str) -> str:
-    """ "holds at longer training: from N epochs" or "does not close", with the measured gaps."""
+    """ "holds at longer training: from N epochs", "does not close" or "undecided", with the gaps."""
     held = [r for r in rows if r["verdict"] == REPRODUCED]
     if held:
         first = min(held, key=lambda r: r["epochs"])
@@ -103,7 +107,11 @@ def verdict_text(rows: list[dict[str, Any]], metric: str) -> str:
             f"{_gap(first, metric)})"
         )
     at = "; ".join(f"{r['epochs']} epochs: {_gap(r, metric)}, {r['verdict']}" for r in rows)
-    return f"does not close within {max(r['epochs'] for r in rows)} epochs ({at})"
+    judged = [r for r in rows if r["enough_seeds"]]
+    longest = max(judged, key=lambda r: r["epochs"]) if judged else None
+    if longest is not None and longest["verdict"] == NOT_REPRODUCED:
+        return f"does not close within {longest['epochs']} epochs ({at})"
+    return f"undecided: not reproduced at any length, and not ruled out at the longest judged ({at})"
 
 
 def studies(suite: Runs, own: Runs, method: str, what: str) -> list[dict[str, Any]]:
