@@ -96,19 +96,25 @@ def suite_smoke(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def length_suite(tmp_path_factory) -> Path:
-    """The suite's CIFAR-10 runs of the training-length studies at smoke scale (seeds 0, 1), evaluated
-    and reported, in a suite folder of their own (the shared one has no CIFAR-10 runs)."""
+    """The suite's CIFAR-10 runs of the training-length studies at smoke scale (seed 0: each model's
+    evaluation covers the whole 10,000-image test split), evaluated and reported, in a suite folder
+    of their own (the shared one has no CIFAR-10 runs)."""
     root = tmp_path_factory.mktemp("length_suite")
     launch = [sys.executable, "-m", "pipelines.launch", "suite", LENGTH_SUITE_RUNS, "--scale", "smoke"]
     run_steps(
         [
-            [*launch, "--seeds", "0,1", "--out", str(root / "runs" / "group")],
+            [*launch, "--seeds", "0", "--out", str(root / "runs" / "group")],
             [sys.executable, "-m", "pipelines.evaluate", "suite", "group", "--root", str(root)],
             [sys.executable, "-m", "pipelines.suite.report", "--root", str(root)],
         ],
         tracking_env(root),
     )
     return root
+
+
+# The length studies' first test sets up a CIFAR-10 suite and a paper's longer runs, and evaluates 7
+# models on the whole test split: beyond END_TO_END_TIMEOUT (900 s) when the 2 cores are shared.
+LENGTH_TIMEOUT = 1800
 
 
 def train_evaluate_report(

@@ -13,7 +13,7 @@ from common.paths import REPO_ROOT
 from harness.params import load_params
 from pipelines.train import resolve_config
 from tests.helpers.smoke_record import check_losses
-from tests.pipelines.conftest import train_evaluate_report
+from tests.pipelines.conftest import LENGTH_TIMEOUT, train_evaluate_report
 
 RUNS = ",".join(f"mnist_d16_{m}_{lr}" for m in ("ef", "def", "defa") for lr in ("lr04", "lr01"))
 
@@ -83,18 +83,19 @@ def def_length(length_suite, tmp_path_factory) -> Path:
         "random_block",
         "cifar_def_x2,cifar_def_x4",
         "cifar_length",
-        "0,1",
+        "0",
         length_suite,
         root,
         "papers.random_block.report",
     )
 
 
+@pytest.mark.timeout(LENGTH_TIMEOUT)
 def test_the_length_study_judges_def_at_2x_and_4x_the_steps(def_length):
     report = json.loads((def_length / "report.json").read_text())
     (study,) = report["length"]
     assert (study["task"], study["method"]) == ("cifar", "def")
-    assert [(r["epochs"], r["steps"]) for r in study["rows"]] == [(1, 6), (2, 12), (4, 24)]
+    assert [(r["epochs"], r["steps"]) for r in study["rows"]] == [(10, 6), (20, 12), (40, 24)]
     assert (
         study["verdict"].startswith("undecided")
         and study["verdict"] in (def_length / "report.md").read_text()
