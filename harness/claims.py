@@ -20,7 +20,7 @@ from typing import Any
 from harness.folders import RESULTS_DIR
 from harness.params import load_params
 from harness.report import read_csv
-from harness.verdict import Claim, difference, judge, min_seeds_for
+from harness.verdict import Claim, LongerTraining, difference, judge, min_seeds_for
 
 Runs = dict[str, dict[int, dict[str, Any]]]  # run -> seed -> its files
 
@@ -105,18 +105,32 @@ def no_loss_claim(metric: str, tolerance: float) -> Claim:
 
 
 def suite_tasks() -> dict[str, dict[str, Any]]:
-    """The suite's tasks (title, metric, bar, tolerance, plateau) from its params.yaml ``stage``."""
+    """The suite's tasks (title, metric, bar, tolerance, convergence) from its params.yaml ``stage``."""
     return dict(load_params("suite")["stage"]["tasks"])
 
 
-def suite_convergence(root: Path | None = None) -> dict[str, bool]:
-    """task -> whether the suite's fp32 reached its plateau (from the suite report)."""
+def suite_convergence(root: Path | None = None) -> dict[str, LongerTraining]:
+    """task -> the suite's fp32 convergence check (twice the epochs; from the suite report)."""
     path = (root or RESULTS_DIR / "suite") / "report.json"
     if not path.exists():
         raise SystemExit(
             f"error: no {path}: run the suite's report stage (dvc repro pipelines/suite/dvc.yaml)"
         )
-    return {c["task"]: bool(c["converged"]) for c in json.loads(path.read_text())["convergence"]}
+    checks = {}
+    for c in json.loads(path.read_text())["convergence"]:
+        check = {k: math.nan if v is None else v for k, v in c["check"].items()}  # JSON null = NaN
+        checks[c["task"]] = LongerTraining(**check)
+    return checks
+
+
+def baseline_check(checks: dict[str, LongerTraining], task: str) -> LongerTraining:
+    """The suite's convergence check of ``task`` (a report judging against fp32 needs it)."""
+    if task not in checks:
+        raise SystemExit(
+            f"error: the suite's report.json has no convergence check for task {task!r} "
+            f"(has: {', '.join(sorted(checks)) or 'none'}): rerun its report stage"
+        )
+    return checks[task]
 
 
 def judge_claim(
@@ -126,11 +140,12 @@ def judge_claim(
     claim: Claim,
     *,
     metric: str,
-    baseline_converged: bool = True,
+    convergence: LongerTraining | None = None,
 ) -> dict[str, Any]:
-    """One claim's row: ``method - baseline`` with its 95 % interval and the verdict."""
+    """One claim's row: ``method - baseline`` with its 95 % interval and the verdict
+    (``convergence``: the baseline's convergence check, when the baseline is the suite's fp32)."""
     diff = difference(method, baseline)
-    verdict = judge(diff, claim, min_seeds=min_seeds_for(claim), baseline_converged=baseline_converged)
+    verdict = judge(diff, claim, min_seeds=min_seeds_for(claim), baseline=convergence)
     return {
         "claim": name,
         "metric": metric,

@@ -60,6 +60,29 @@ def load_params(pipeline: str) -> dict[str, Any]:
 
 
 FROM_KEY = "from"
+STRETCH_KEY = "stretch"
+# What a stretch multiplies: the run's length and every schedule point counted in steps or epochs,
+# so that the lr schedule keeps its shape over the longer run (evaluations: num_evaluations, the same
+# count). A strategy's own schedule (DGC's sparsity warm-up over its first 0.4 epochs) is left as the
+# recipe has it: the paper fixes it in epochs whatever the length of training.
+STRETCHED = ("epochs", "max_steps", "lr_warmup_steps", "lr_milestones")
+
+
+def stretched(values: dict[str, Any], factor: Any) -> dict[str, Any]:
+    """``values`` (a run's flat parameters) with the run ``factor`` times as long: the same recipe
+    stretched (see STRETCHED). ``factor`` is a positive integer; the run must name its epochs."""
+    if isinstance(factor, bool) or not isinstance(factor, int) or factor < 1:
+        raise ValueError(f"{STRETCH_KEY} must be a positive integer (2: twice the epochs), got {factor!r}")
+    if "epochs" not in values:
+        raise ValueError(f"{STRETCH_KEY}: {factor} needs the run to name its epochs (it multiplies them)")
+    out = dict(values)
+    for key in STRETCHED:
+        value = out.get(key)
+        if isinstance(value, list | tuple):
+            out[key] = [factor * v for v in value]
+        elif value is not None:
+            out[key] = factor * value
+    return out
 
 
 def run_values(
@@ -68,12 +91,13 @@ def run_values(
     """The flat parameters of ``run``: ``defaults <- scales[scale] <- runs[run]``, or, for a run
     with ``from: <pipeline>/<run>`` (a paper's ablation of a suite run), that run's parameters at
     the same scale with this run's other keys on top (this pipeline's defaults and scales do not
-    apply: the recipe is the other run's)."""
+    apply: the recipe is the other run's). ``stretch: <n>`` makes the composed run n times as long
+    (:func:`stretched`)."""
     params = load_params(pipeline)
     scale = scale or params.get("scale")
     spec = (params.get("runs") or {}).get(run)
     if not isinstance(spec, dict) or FROM_KEY not in spec:
-        return compose(params, run, scale)
+        return _apply_stretch(compose(params, run, scale), run)
     source = spec[FROM_KEY]
     parts = source.split("/") if isinstance(source, str) else []
     if len(parts) != 2 or not all(parts):
@@ -88,4 +112,14 @@ def run_values(
         other, base, scale if scale in other_scales else None, _seen=(*_seen, f"{pipeline}/{run}")
     )
     values.update({k: v for k, v in spec.items() if k != FROM_KEY})
-    return values
+    return _apply_stretch(values, run)
+
+
+def _apply_stretch(values: dict[str, Any], run: str) -> dict[str, Any]:
+    if STRETCH_KEY not in values:
+        return values
+    factor = values.pop(STRETCH_KEY)
+    try:
+        return stretched(values, factor)
+    except ValueError as error:
+        raise ValueError(f"run {run!r}: {error}") from None

@@ -15,8 +15,15 @@ The difference gets a 95 % confidence interval over seeds (Student's t):
 
 The verdict: **reproduced** when the whole interval lies inside the claim's bounds, **not
 reproduced** when it lies wholly outside them, **inconclusive** when it straddles a bound, when a
-side has fewer than ``min_seeds`` runs (never a verdict from one run), or when the baseline has
-not converged (see :func:`plateau`).
+side has fewer than ``min_seeds`` runs (never a verdict from one run), or when the baseline failed
+its convergence check.
+
+The convergence check (pre-registered for release 2, :func:`longer_training`): a task's fp32 baseline
+counts as converged when training it for twice the epochs (the same recipe stretched, the
+pre-registered number of seeds) changes its metric by less than the claims' tolerance on that task.
+Release 1 used :func:`plateau` (the last fifth of the curve gains less than a per-task amount),
+which a one-cycle schedule cannot pass by construction: the anneal is what the last fifth gains.
+The last-fifth gain stays a reported figure.
 """
 
 from __future__ import annotations
@@ -124,6 +131,70 @@ class Claim:
 
 
 @dataclass(frozen=True)
+class LongerTraining:
+    """The baseline against itself trained for ``factor`` times the epochs (the same recipe
+    stretched): the pre-registered convergence check. ``change`` is the longer runs' mean less the
+    recipe's, in metric units and signed so that positive is better (points gained, nats lost)."""
+
+    recipe_mean: float
+    longer_mean: float  # NaN when no longer run was trained
+    change: float
+    tolerance: float
+    num_longer: int
+    seeds_needed: int
+    factor: int = 2
+
+    @property
+    def converged(self) -> bool:
+        return self.num_longer >= self.seeds_needed and abs(self.change) < self.tolerance
+
+    @property
+    def reason(self) -> str:
+        """Why the baseline does not count as converged ("" when it does)."""
+        check = f"the pre-registered {self.factor}x-epochs check"
+        if self.num_longer < self.seeds_needed:
+            return (
+                f"baseline not checked: {check} needs {self.seeds_needed} seed(s) of fp32 at "
+                f"{self.factor}x the epochs, {self.num_longer} trained"
+            )
+        if self.converged:
+            return ""
+        return (
+            f"baseline failed {check}: {self.factor}x the epochs changed its metric by "
+            f"{self.change:+.4g} (|change| must be < {self.tolerance:g}, the claims' tolerance)"
+        )
+
+
+def longer_training(
+    recipe: Mapping[int, float],
+    longer: Mapping[int, float],
+    *,
+    tolerance: float,
+    seeds_needed: int = 3,
+    higher_is_better: bool = True,
+    factor: int = 2,
+) -> LongerTraining:
+    """The convergence check of a baseline (seed -> final metric of the recipe, and of the recipe
+    stretched to ``factor`` times the epochs): converged when the longer runs' mean differs from the
+    recipe's by less than ``tolerance`` (either way: a baseline that a longer run moves by more
+    than the claims' tolerance cannot anchor them), with at least ``seeds_needed`` longer runs."""
+    if not recipe:
+        raise ValueError("a convergence check needs the baseline's own runs, got none")
+    if not tolerance > 0:
+        raise ValueError(f"tolerance must be > 0 (the claims' tolerance on the task), got {tolerance!r}")
+    if seeds_needed < 1:
+        raise ValueError(f"seeds_needed must be >= 1, got {seeds_needed}")
+    recipe_mean = sum(recipe.values()) / len(recipe)
+    if not longer:
+        return LongerTraining(recipe_mean, math.nan, math.nan, float(tolerance), 0, seeds_needed, factor)
+    longer_mean = sum(longer.values()) / len(longer)
+    change = longer_mean - recipe_mean if higher_is_better else recipe_mean - longer_mean
+    return LongerTraining(
+        recipe_mean, longer_mean, change, float(tolerance), len(longer), seeds_needed, factor
+    )
+
+
+@dataclass(frozen=True)
 class Verdict:
     verdict: str
     reason: str
@@ -136,9 +207,11 @@ def judge(
     claim: Claim,
     *,
     min_seeds: int = 2,
-    baseline_converged: bool = True,
+    baseline: LongerTraining | None = None,
 ) -> Verdict:
-    """The verdict of ``claim`` given the measured ``diff`` (see the module docstring)."""
+    """The verdict of ``claim`` given the measured ``diff`` (see the module docstring); a
+    ``baseline`` that failed its convergence check makes it inconclusive, its reason the check's
+    (None: no check applies, e.g. a claim between two methods)."""
     if min_seeds < 2:
         raise ValueError(f"min_seeds must be >= 2 (never a verdict from one run), got {min_seeds}")
     fewest = min(diff.num_method, diff.num_baseline)
@@ -146,8 +219,8 @@ def judge(
         return Verdict(
             INCONCLUSIVE, f"{fewest} run(s) on one side, {min_seeds} needed for an interval", diff, claim
         )
-    if not baseline_converged:
-        return Verdict(INCONCLUSIVE, "the baseline has not converged (no plateau)", diff, claim)
+    if baseline is not None and not baseline.converged:
+        return Verdict(INCONCLUSIVE, baseline.reason, diff, claim)
     if claim.lower <= diff.low and diff.high <= claim.upper:
         return Verdict(REPRODUCED, "the interval lies inside the claim", diff, claim)
     if diff.high < claim.lower or diff.low > claim.upper:
@@ -164,7 +237,8 @@ def min_seeds_for(claim: Claim, *, wide_margin: float = 2.0) -> int:
 
 @dataclass(frozen=True)
 class Plateau:
-    """Whether a curve has flattened: its improvement over the last ``fraction`` of training."""
+    """Whether a curve has flattened: its improvement over the last ``fraction`` of training
+    (release 1's convergence rule; since release 2 a reported figure beside :func:`longer_training`)."""
 
     improvement: float  # metric gained over the last fraction (positive = better)
     tolerance: float

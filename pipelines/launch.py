@@ -68,9 +68,11 @@ from pipelines.train import (
     SEED_ENV,
     SEEDS_ENV,
     STOP_AT_ENV,
+    STRETCH_ENV,
     parse_runs,
     parse_seeds,
     parse_stop_at,
+    parse_stretch,
     plan_repeats,
 )
 
@@ -179,6 +181,13 @@ def main(argv: list[str] | None = None) -> None:
         help="end every run at its first evaluation reaching this target (test_accuracy=0.99: at or "
         "above, test_loss=1.6: at or below); the lr schedule still spans the whole run (time to target)",
     )
+    parser.add_argument(
+        "--stretch",
+        default=None,
+        metavar="N",
+        help="train every run N times as long, its schedule stretched (epochs, warm-up, milestones, "
+        "max_steps): the leaderboard's runs may take up to 2x the recipe's steps",
+    )
     parser.add_argument("--run-name", default=None, help="MLflow run name (default: the run)")
     parser.add_argument(
         "--inputs",
@@ -209,6 +218,8 @@ def main(argv: list[str] | None = None) -> None:
         if args.stop_at is not None:
             parse_stop_at(args.stop_at)  # checked here, once; the ranks read it from the environment
             os.environ[STOP_AT_ENV] = args.stop_at
+        if args.stretch is not None:
+            os.environ[STRETCH_ENV] = str(parse_stretch(args.stretch))
         if args.run_name and len(parse_runs(args.run)) > 1:
             raise ValueError(
                 f"--run-name names one run; {args.run!r} are several (each is named after itself)"

@@ -20,6 +20,17 @@ from harness.entry import quiet_environment
 from harness.folders import RESULTS_DIR
 
 VERDICTS = ("reproduced", "not reproduced", "inconclusive")
+# Why a judged claim is inconclusive, from the reason harness.verdict.judge gives it.
+WHY_INCONCLUSIVE = {
+    "too few seeds": "run(s) on one side",
+    "an interval straddling a bound": "straddles a bound",
+    "a baseline that failed or lacks its convergence check": "baseline ",
+}
+
+
+def why_inconclusive(reason: str) -> str:
+    """The kind of an inconclusive judged claim's reason (see WHY_INCONCLUSIVE), or "other"."""
+    return next((kind for kind, words in WHY_INCONCLUSIVE.items() if words in reason), "other")
 
 
 def _cell(text: Any) -> str:
@@ -88,6 +99,7 @@ def run_shas() -> dict[str, set[str]]:
 
 def claims_section() -> str:
     lines, counts, sources = [], dict.fromkeys(VERDICTS, 0), []
+    why: dict[str, int] = {}
     for path in sorted(RESULTS_DIR.glob("*/report.json")):
         report = json.loads(path.read_text())
         judged, measured = report.get("claims") or [], report.get("measured_claims") or []
@@ -98,6 +110,9 @@ def claims_section() -> str:
         for claim in judged:
             lines.append(judged_row(pipeline, claim))
             counts[claim["verdict"]] += 1
+            if claim["verdict"] == "inconclusive":
+                kind = why_inconclusive(claim["reason"])
+                why[kind] = why.get(kind, 0) + 1
         for claim in measured:
             lines.append(measured_row(pipeline, claim))
             counts[claim["verdict"]] += 1
@@ -106,11 +121,13 @@ def claims_section() -> str:
     return (
         "\n## Every claim\n\n"
         f"From the reports of {', '.join(sources)}: {counts['reproduced']} reproduced, "
-        f"{counts['not reproduced']} not reproduced, {counts['inconclusive']} inconclusive. "
-        "Judged over seeds (harness/verdict.py): Δ = ours minus the baseline it is compared with "
+        f"{counts['not reproduced']} not reproduced, {counts['inconclusive']} inconclusive"
+        + (f" (judged over seeds: {', '.join(f'{n} for {kind}' for kind, n in why.items())})" if why else "")
+        + ". Judged over seeds (harness/verdict.py): Δ = ours minus the baseline it is compared with "
         "(accuracy in points, losses in nats), with its 95 % interval over seeds; reproduced when the "
         "interval lies inside the claim on Δ, not reproduced when outside it, inconclusive otherwise, "
-        "with 1 seed, or when the baseline did not converge. Measured once per configuration (time, "
+        "with too few seeds, or when the baseline failed its convergence check (release 2: fp32 at twice "
+        "the epochs moved by the claims' tolerance or more). Measured once per configuration (time, "
         "density, memory): the verdict and its reason are the report's. The paper's figures come from "
         "`../shared/research/papers.md` with its confidence tags ([ABS] abstract, [CODE] official code, "
         "[POSTER], [MEM] from memory of the paper: verify).\n\n"

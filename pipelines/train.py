@@ -26,7 +26,7 @@ from common.train import StepInfo, train
 from harness.entry import quiet_environment, setup_logging
 from harness.failures import recorded
 from harness.folders import RESULTS_DIR, artifacts_for, pipeline_name, scratch_dir
-from harness.params import load_params
+from harness.params import STRETCHED, load_params, stretched
 from pipelines.common import inputs_dir, run_config, run_stage
 
 OUT_DIR_ENV = "THINWIRE_OUT_DIR"
@@ -34,6 +34,7 @@ RUN_NAME_ENV = "THINWIRE_RUN_NAME"
 SEED_ENV = "THINWIRE_SEED"  # overrides the run's seed (repeated runs of one configuration)
 SEEDS_ENV = "THINWIRE_SEEDS"  # several seeds, one after the other: <out>/<run>/seed<k>, <run>-seed<k>
 STOP_AT_ENV = "THINWIRE_STOP_AT"  # "test_accuracy=0.99": every run of the launch ends at that target
+STRETCH_ENV = "THINWIRE_STRETCH"  # "2": every run of the launch twice as long, its schedule stretched
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -62,11 +63,31 @@ def parse_stop_at(text: str) -> dict[str, float]:
     return stop_at
 
 
+def parse_stretch(text: str) -> int:
+    """``"2"`` -> 2: how many times as long every run of a launch trains (a positive integer)."""
+    try:
+        factor = int(text)
+    except ValueError:
+        factor = 0
+    if factor < 1:
+        raise ValueError(f"--stretch {text!r}: expected a positive integer, e.g. 2 (twice the epochs)")
+    return factor
+
+
+def stretch_config(config: RunConfig, factor: int) -> RunConfig:
+    """``config`` trained ``factor`` times as long, its schedule stretched (harness.params.stretched)."""
+    length = stretched({key: getattr(config, key) for key in STRETCHED}, factor)
+    return dataclasses.replace(config, **length)
+
+
 def resolve_config(pipeline: str, run: str, scale: str | None) -> RunConfig:
-    """The run's config with the launcher's overrides (seed, stop_at) applied."""
+    """The run's config with the launcher's overrides (stretch, seed, stop_at) applied."""
     config = run_config(pipeline, run, scale)
     seed = os.environ.get(SEED_ENV)
     stop_at = os.environ.get(STOP_AT_ENV)
+    stretch = os.environ.get(STRETCH_ENV)
+    if stretch:
+        config = stretch_config(config, parse_stretch(stretch))
     if seed:
         config = dataclasses.replace(config, seed=int(seed))
     return dataclasses.replace(config, stop_at=parse_stop_at(stop_at)) if stop_at else config

@@ -11,7 +11,10 @@ warm-up together win it back. Every verdict from :mod:`harness.verdict` (95 % in
 paired). Also: the density DGC actually sent and its compression after the warm-up (the paper's
 270-600x is for that steady state), QSGD's bits against accuracy, and the Elias-coded payload
 measured by ``benchmarks/comm/bench_qsgd_elias.py`` (``benchmarks/results/qsgd_elias.md``).
-Writes ``report.md``, ``report.json`` and ``curves.png``.
+And the training-length study (:mod:`harness.length`): DGC on CIFAR-10 at 2x and 4x the epochs
+beside fp32, the no-loss claim judged at each length, the verdict text ("holds at longer training:
+from N epochs" / "does not close") and ``length.png`` generated from those runs.
+Writes ``report.md``, ``report.json``, ``curves.png`` and (with the longer runs) ``length.png``.
 """
 
 from __future__ import annotations
@@ -22,9 +25,11 @@ from typing import Any
 
 from common.paths import REPO_ROOT
 from common.plots import method_color, readable_log_axis
+from harness import length
 from harness.claims import (
     PaperReport,
     Runs,
+    baseline_check,
     claims_table,
     judge_claim,
     load_runs,
@@ -36,7 +41,7 @@ from harness.claims import (
     values,
 )
 from harness.report import save_panels
-from harness.verdict import Claim
+from harness.verdict import Claim, LongerTraining
 
 PIPELINE = "dgc_qsgd"
 VARIANTS = {
@@ -70,7 +75,7 @@ PAPER = {
 
 
 def collect(
-    suite: Runs, own: Runs, converged: dict[str, bool]
+    suite: Runs, own: Runs, converged: dict[str, LongerTraining]
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(claims, rows) for every suite task that has a DGC run."""
     claims, rows = [], []
@@ -78,7 +83,7 @@ def collect(
         if f"{task}_dgc" not in suite:
             continue
         metric, tol, title = spec["metric"], float(spec["tolerance"]), spec["title"]
-        ok = converged.get(task, False)
+        ok = baseline_check(converged, task)
         fp32 = values(suite, f"{task}_fp32", metric)
         no_loss = no_loss_claim(metric, tol)
         for variant, what in (
@@ -92,7 +97,7 @@ def collect(
                 claims.append(
                     {
                         **judge_claim(
-                            f"{title}: {what}", method, fp32, no_loss, metric=metric, baseline_converged=ok
+                            f"{title}: {what}", method, fp32, no_loss, metric=metric, convergence=ok
                         ),
                         "paper": PAPER[variant],
                     }
@@ -125,7 +130,7 @@ def collect(
                         fp32,
                         worse,
                         metric=metric,
-                        baseline_converged=ok,
+                        convergence=ok,
                     ),
                     "paper": PAPER["gd"],
                 }
@@ -138,7 +143,7 @@ def collect(
                         gd,
                         better,
                         metric=metric,
-                        baseline_converged=ok,
+                        convergence=ok,
                     ),
                     "paper": PAPER["ladder"],
                 }
@@ -180,7 +185,7 @@ def markdown(claims: list[dict[str, Any]], rows: list[dict[str, Any]], scale: st
         "## Claims\n",
         "Verdicts by `harness/verdict.py`: the difference with a 95 % Student-t interval over seeds, paired "
         "by seed; inconclusive when the interval straddles a bound, with too few seeds, or when the suite's "
-        "fp32 has not plateaued.\n",
+        "fp32 failed the pre-registered 2x-epochs convergence check (the suite's report).\n",
         claims_table(claims),
     ]
     for task, spec in tasks.items():
@@ -256,10 +261,15 @@ def plot_curves(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def build(suite_root: Path, out: Path, scale: str) -> PaperReport:
-    claims, rows = collect(load_runs(suite_root), load_runs(out), suite_convergence(suite_root))
-    return PaperReport(
-        markdown(claims, rows, scale), claims, rows, {"curves.png": lambda path: plot_curves(rows, path)}
-    )
+    suite, own = load_runs(suite_root), load_runs(out)
+    claims, rows = collect(suite, own, suite_convergence(suite_root))
+    lengths = length.studies(suite, own, "dgc", "DGC at 99.9 % sparsity loses nothing")
+    figures = {"curves.png": lambda path: plot_curves(rows, path)}
+    text = markdown(claims, rows, scale)
+    if lengths:
+        figures["length.png"] = lambda path: length.plot(lengths, path)
+        text += "\n".join(length.markdown(lengths))
+    return PaperReport(text, claims, rows, figures, {"length": lengths})
 
 
 def main(argv: list[str] | None = None) -> None:

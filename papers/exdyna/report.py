@@ -26,6 +26,7 @@ from common.plots import method_color
 from harness.claims import (
     PaperReport,
     Runs,
+    baseline_check,
     claims_table,
     judge_claim,
     load_runs,
@@ -37,7 +38,7 @@ from harness.claims import (
     values,
 )
 from harness.report import save_panels
-from harness.verdict import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED
+from harness.verdict import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, LongerTraining
 
 PIPELINE = "exdyna"
 SELECTORS = {
@@ -223,7 +224,7 @@ def measured_claims(step_claims: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
-def accuracy_claims(suite: Runs, own: Runs, converged: dict[str, bool]) -> list[dict[str, Any]]:
+def accuracy_claims(suite: Runs, own: Runs, converged: dict[str, LongerTraining]) -> list[dict[str, Any]]:
     claims = []
     for task, spec in suite_tasks().items():
         if f"{task}_exdyna" not in suite:
@@ -238,7 +239,7 @@ def accuracy_claims(suite: Runs, own: Runs, converged: dict[str, bool]) -> list[
                     values(suite, f"{task}_fp32", metric),
                     no_loss_claim(metric, tol),
                     metric=metric,
-                    baseline_converged=converged.get(task, False),
+                    convergence=baseline_check(converged, task),
                 ),
                 "paper": PAPER["fp32"],
             }

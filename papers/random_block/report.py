@@ -14,7 +14,10 @@ method). Claims, through :mod:`harness.verdict` (95 % interval over seeds, paire
   (both at the recipe's lr);
 - DEF-A is ahead of DEF early in training (the evaluation at 30 % of the run, best lr each).
 
-Writes ``report.md``, ``report.json`` and ``curves.png``.
+And the training-length study (:mod:`harness.length`): DEF at 1/16 on CIFAR-10 at 2x and 4x the
+epochs beside fp32, the no-loss claim judged at each length, the verdict text ("holds at longer
+training: from N epochs" / "does not close") and ``length.png`` generated from those runs.
+Writes ``report.md``, ``report.json``, ``curves.png`` and (with the longer runs) ``length.png``.
 """
 
 from __future__ import annotations
@@ -24,9 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from common.plots import method_color, readable_log_axis
+from harness import length
 from harness.claims import (
     PaperReport,
     Runs,
+    baseline_check,
     claims_table,
     judge_claim,
     load_runs,
@@ -38,7 +43,7 @@ from harness.claims import (
     values,
 )
 from harness.report import save_panels
-from harness.verdict import Claim
+from harness.verdict import Claim, LongerTraining
 
 PIPELINE = "random_block"
 METHODS = {"ef": "classic EF (mu 0)", "def": "DEF (mu 0.3)", "defa": "DEF-A (mu 0.3, averaged every step)"}
@@ -82,7 +87,7 @@ PAPER = {
 
 
 def collect(
-    suite: Runs, own: Runs, converged: dict[str, bool]
+    suite: Runs, own: Runs, converged: dict[str, LongerTraining]
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     tasks = suite_tasks()
     claims: list[dict[str, Any]] = []
@@ -91,7 +96,7 @@ def collect(
         if f"{task}_def" not in suite:
             continue
         metric, tol = spec["metric"], float(spec["tolerance"])
-        ok = converged.get(task, False)
+        ok = baseline_check(converged, task)
         better = Claim(lower=0.0) if metric == "accuracy" else Claim(upper=0.0)
         claims.append(
             {
@@ -101,7 +106,7 @@ def collect(
                     values(suite, f"{task}_fp32", metric),
                     no_loss_claim(metric, tol),
                     metric=metric,
-                    baseline_converged=ok,
+                    convergence=ok,
                 ),
                 "paper": PAPER["fp32"],
             }
@@ -128,7 +133,7 @@ def collect(
                         values(own, f"{task}_d16_ef", metric),
                         better,
                         metric=metric,
-                        baseline_converged=ok,
+                        convergence=ok,
                     ),
                     "paper": PAPER["ef"],
                 }
@@ -177,7 +182,7 @@ def collect(
                         values(own, best["ef"], metric),
                         better,
                         metric=metric,
-                        baseline_converged=ok,
+                        convergence=ok,
                     ),
                     "paper": PAPER["ef"],
                 }
@@ -191,7 +196,7 @@ def collect(
                         _early(own[best["def"]], metric),
                         better,
                         metric=metric,
-                        baseline_converged=ok,
+                        convergence=ok,
                     ),
                     "paper": PAPER["defa"],
                 }
@@ -219,9 +224,9 @@ def markdown(claims: list[dict[str, Any]], rows: list[dict[str, Any]], scale: st
         f"runs at git {', '.join(shas)}. Metric: the whole test split (the evaluate stage). Best lr: the grid "
         "point with the higher mean over seeds (marked *).\n",
         "## Claims\n",
-        "Verdicts by `harness/verdict.py`: the difference with a 95 % Student-t interval over seeds, paired by "
-        "seed; inconclusive when the interval straddles a bound, with too few seeds, or when the suite's fp32 "
-        "has not plateaued.\n",
+        "Verdicts by `harness/verdict.py`: the difference with a 95 % Student-t interval over seeds, paired "
+        "by seed; inconclusive when the interval straddles a bound, with too few seeds, or when the suite's "
+        "fp32 failed the pre-registered 2x-epochs convergence check (the suite's report).\n",
         claims_table(claims),
         "## Runs\n",
         "| task | method | density | lr | seeds | metric (mean ± std) | bits / step / rank | compression (x) "
@@ -274,10 +279,15 @@ def plot_curves(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def build(suite_root: Path, out: Path, scale: str) -> PaperReport:
-    claims, rows = collect(load_runs(suite_root), load_runs(out), suite_convergence(suite_root))
-    return PaperReport(
-        markdown(claims, rows, scale), claims, rows, {"curves.png": lambda path: plot_curves(rows, path)}
-    )
+    suite, own = load_runs(suite_root), load_runs(out)
+    claims, rows = collect(suite, own, suite_convergence(suite_root))
+    lengths = length.studies(suite, own, "def", "DEF at 1/16 loses nothing against fp32")
+    figures = {"curves.png": lambda path: plot_curves(rows, path)}
+    text = markdown(claims, rows, scale)
+    if lengths:
+        figures["length.png"] = lambda path: length.plot(lengths, path)
+        text += "\n".join(length.markdown(lengths))
+    return PaperReport(text, claims, rows, figures, {"length": lengths})
 
 
 def main(argv: list[str] | None = None) -> None:

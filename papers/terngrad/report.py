@@ -25,6 +25,7 @@ from harness import costmodel
 from harness.claims import (
     PaperReport,
     Runs,
+    baseline_check,
     claims_table,
     judge_claim,
     load_runs,
@@ -38,7 +39,7 @@ from harness.claims import (
 from harness.folders import RESULTS_DIR
 from harness.params import load_params
 from harness.report import save_panels
-from harness.verdict import Claim
+from harness.verdict import Claim, LongerTraining
 from papers.terngrad import perf_model
 
 PIPELINE = "terngrad"
@@ -75,7 +76,7 @@ PAPER = {
 
 
 def collect(
-    suite: Runs, own: Runs, converged: dict[str, bool]
+    suite: Runs, own: Runs, converged: dict[str, LongerTraining]
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(claims, rows) for every suite task that has a TernGrad run."""
     claims, rows = [], []
@@ -84,7 +85,7 @@ def collect(
             continue
         metric, tol, title = spec["metric"], float(spec["tolerance"]), spec["title"]
         fp32, tern = values(suite, f"{task}_fp32", metric), values(suite, f"{task}_terngrad", metric)
-        ok = converged.get(task, False)
+        ok = baseline_check(converged, task)
         claims.append(
             {
                 **judge_claim(
@@ -93,7 +94,7 @@ def collect(
                     fp32,
                     no_loss_claim(metric, tol),
                     metric=metric,
-                    baseline_converged=ok,
+                    convergence=ok,
                 ),
                 "paper": PAPER["terngrad"],
             }
@@ -118,9 +119,7 @@ def collect(
             method, baseline = (tern, ablated) if flipped else (ablated, tern)
             claims.append(
                 {
-                    **judge_claim(
-                        f"{title}: {what}", method, baseline, claim, metric=metric, baseline_converged=ok
-                    ),
+                    **judge_claim(f"{title}: {what}", method, baseline, claim, metric=metric, convergence=ok),
                     "paper": PAPER[variant],
                 }
             )
@@ -147,7 +146,7 @@ def markdown(claims: list[dict[str, Any]], rows: list[dict[str, Any]], scale: st
         "## Claims\n",
         "Verdicts by `harness/verdict.py`: the difference with a 95 % Student-t interval over seeds, paired "
         "by seed; inconclusive when the interval straddles a bound, with too few seeds, or when the suite's "
-        "fp32 has not plateaued.\n",
+        "fp32 failed the pre-registered 2x-epochs convergence check (the suite's report).\n",
         claims_table(claims),
         "## Runs\n",
         "| task | variant | seeds | metric (mean ± std) | bits / step / rank | compression (x) | code transport "

@@ -14,6 +14,7 @@ from harness.verdict import (
     Claim,
     difference,
     judge,
+    longer_training,
     min_seeds_for,
     plateau,
 )
@@ -80,10 +81,61 @@ def test_too_few_seeds_for_a_narrow_claim() -> None:
     assert judge(d, Claim(lower=-0.5), min_seeds=3).verdict == INCONCLUSIVE
 
 
-def test_unconverged_baseline_is_inconclusive() -> None:
-    d = difference({0: 90.1, 1: 90.3, 2: 89.9}, {0: 90.0, 1: 90.2, 2: 90.1})
-    v = judge(d, Claim(lower=-0.5), min_seeds=3, baseline_converged=False)
-    assert v.verdict == INCONCLUSIVE and "converged" in v.reason
+RECIPE = {0: 81.0, 1: 81.5, 2: 82.0}  # mean 81.5
+
+
+def test_a_baseline_whose_longer_run_moves_less_than_the_tolerance_is_converged() -> None:
+    check = longer_training(RECIPE, {0: 81.9, 1: 82.4, 2: 82.1}, tolerance=1.0)  # mean 82.133
+    assert check.change == pytest.approx(0.6333, abs=1e-4) and check.num_longer == 3
+    assert check.converged and check.reason == ""
+    d = difference({0: 81.2, 1: 81.4, 2: 81.9}, RECIPE)
+    assert judge(d, Claim(lower=-1.0), min_seeds=3, baseline=check).verdict == REPRODUCED
+
+
+@pytest.mark.parametrize("longer", [{0: 82.6, 1: 83.1, 2: 82.8}, {0: 80.1, 1: 80.5, 2: 80.4}])
+def test_a_baseline_that_twice_the_epochs_moves_by_the_tolerance_is_not_converged(longer) -> None:
+    """More than the tolerance either way (a longer run much better, or much worse) fails."""
+    check = longer_training(RECIPE, longer, tolerance=1.0)
+    assert abs(check.change) > 1.0 and not check.converged
+    d = difference({0: 81.2, 1: 81.4, 2: 81.9}, RECIPE)
+    v = judge(d, Claim(lower=-1.0), min_seeds=3, baseline=check)
+    assert v.verdict == INCONCLUSIVE
+    assert v.reason == (
+        f"baseline failed the pre-registered 2x-epochs check: 2x the epochs changed its metric by "
+        f"{check.change:+.4g} (|change| must be < 1, the claims' tolerance)"
+    )
+
+
+def test_a_loss_gains_when_it_falls_and_the_boundary_is_not_converged() -> None:
+    # lower is better: the longer run's loss 0.01 nats lower is a gain of +0.01
+    check = longer_training({0: 1.57, 1: 1.58}, {0: 1.56, 1: 1.57}, tolerance=0.0198, seeds_needed=2,
+                            higher_is_better=False)  # fmt: skip
+    assert check.change == pytest.approx(0.01) and check.converged
+    edge = longer_training({0: 1.0}, {0: 0.5}, tolerance=0.5, seeds_needed=1, higher_is_better=False)
+    assert edge.change == pytest.approx(0.5) and not edge.converged  # "less than": the bound fails
+
+
+def test_a_check_with_too_few_longer_seeds_is_not_made() -> None:
+    for longer in ({}, {0: 81.5}):
+        check = longer_training(RECIPE, longer, tolerance=1.0, seeds_needed=3)
+        assert not check.converged
+        assert check.reason == (
+            "baseline not checked: the pre-registered 2x-epochs check needs 3 seed(s) of fp32 at 2x the "
+            f"epochs, {len(longer)} trained"
+        )
+    d = difference({0: 81.2, 1: 81.4, 2: 81.9}, RECIPE)
+    v = judge(d, Claim(lower=-1.0), min_seeds=3, baseline=longer_training(RECIPE, {}, tolerance=1.0))
+    assert v.verdict == INCONCLUSIVE and v.reason.startswith("baseline not checked")
+    with pytest.raises(ValueError, match="tolerance must be > 0"):
+        longer_training(RECIPE, {}, tolerance=0.0)
+    with pytest.raises(ValueError, match="the baseline's own runs"):
+        longer_training({}, {0: 1.0}, tolerance=1.0)
+
+
+def test_too_few_seeds_are_named_before_the_convergence_check() -> None:
+    d = difference({0: 81.2}, RECIPE)
+    v = judge(d, Claim(lower=-1.0), min_seeds=3, baseline=longer_training(RECIPE, {}, tolerance=1.0))
+    assert v.reason == "1 run(s) on one side, 3 needed for an interval"
 
 
 def test_bad_inputs_are_named() -> None:

@@ -20,6 +20,8 @@ SUITE_RUNS = (
     "shakespeare_exdyna"
 )
 SUITE_SEEDS = (0, 1)
+# the CIFAR-10 runs the papers' training-length studies read: the 1x pair and fp32 at 2x and 4x
+LENGTH_SUITE_RUNS = "cifar_fp32,cifar_dgc,cifar_def,cifar_fp32x2,cifar_fp32x4"
 
 
 # Stages whose ``main(argv)`` the tests call in this process (torch and MLflow are imported already:
@@ -90,6 +92,29 @@ def suite_smoke(tmp_path_factory) -> Path:
         tracking_env(root),
     )
     return root
+
+
+@pytest.fixture(scope="session")
+def length_suite(tmp_path_factory) -> Path:
+    """The suite's CIFAR-10 runs of the training-length studies at smoke scale (seed 0: each model's
+    evaluation covers the whole 10,000-image test split), evaluated and reported, in a suite folder
+    of their own (the shared one has no CIFAR-10 runs)."""
+    root = tmp_path_factory.mktemp("length_suite")
+    launch = [sys.executable, "-m", "pipelines.launch", "suite", LENGTH_SUITE_RUNS, "--scale", "smoke"]
+    run_steps(
+        [
+            [*launch, "--seeds", "0", "--out", str(root / "runs" / "group")],
+            [sys.executable, "-m", "pipelines.evaluate", "suite", "group", "--root", str(root)],
+            [sys.executable, "-m", "pipelines.suite.report", "--root", str(root)],
+        ],
+        tracking_env(root),
+    )
+    return root
+
+
+# The length studies' first test sets up a CIFAR-10 suite and a paper's longer runs, and evaluates 7
+# models on the whole test split: beyond END_TO_END_TIMEOUT (900 s) when the 2 cores are shared.
+LENGTH_TIMEOUT = 1800
 
 
 def train_evaluate_report(

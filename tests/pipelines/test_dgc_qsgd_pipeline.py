@@ -13,7 +13,7 @@ from common.paths import REPO_ROOT
 from harness.params import load_params
 from pipelines.train import resolve_config
 from tests.helpers.smoke_record import check_losses
-from tests.pipelines.conftest import train_evaluate_report
+from tests.pipelines.conftest import LENGTH_TIMEOUT, train_evaluate_report
 
 LADDER = "shakespeare_gd,shakespeare_mc,shakespeare_mask"
 
@@ -23,6 +23,48 @@ def dgc_qsgd(suite_smoke, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("dgc_qsgd")
     return train_evaluate_report(
         "dgc_qsgd", LADDER, "shakespeare", "0,1", suite_smoke, root, "papers.dgc_qsgd.report"
+    )
+
+
+@pytest.fixture(scope="module")
+def dgc_length(length_suite, tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("dgc_length")
+    return train_evaluate_report(
+        "dgc_qsgd",
+        "cifar_dgc_x2,cifar_dgc_x4",
+        "cifar_length",
+        "0",
+        length_suite,
+        root,
+        "papers.dgc_qsgd.report",
+    )
+
+
+@pytest.mark.timeout(LENGTH_TIMEOUT)
+def test_the_length_study_judges_dgc_at_2x_and_4x_the_steps(dgc_length, length_suite):
+    (study,) = json.loads((dgc_length / "report.json").read_text())["length"]
+    assert study["task"] == "cifar" and study["method"] == "dgc"
+    # the recipe's 10 epochs stretched to 20 and 40; at smoke scale max_steps 6 stretched to 12 and 24
+    assert [(r["factor"], r["epochs"], r["steps"]) for r in study["rows"]] == [
+        (1, 10, 6),
+        (2, 20, 12),
+        (4, 40, 24),
+    ]
+    assert all(r["seeds"] == [1, 1] and not r["enough_seeds"] for r in study["rows"])  # 1 of the 3 needed
+    assert study["verdict"].startswith("undecided: not reproduced at any length")
+    config = json.loads(
+        (dgc_length / "runs" / "cifar_length" / "cifar_dgc_x4" / "seed0" / "run.json").read_text()
+    )
+    dgc = json.loads((length_suite / "runs" / "group" / "cifar_dgc" / "seed0" / "run.json").read_text())
+    assert config["config"]["strategy_options"] == dgc["config"]["strategy_options"]  # DGC's own warm-up kept
+    text = (dgc_length / "report.md").read_text()
+    assert "## Training length" in text and study["verdict"] in text
+    assert (dgc_length / "length.png").stat().st_size > 10_000
+    # the suite's convergence check: fp32 at 2x ran 1 seed of the 3 pre-registered
+    (check,) = json.loads((length_suite / "report.json").read_text())["convergence"]
+    assert check["check"]["num_longer"] == 1 and not check["converged"]
+    assert check["reason"].startswith(
+        "baseline not checked: the pre-registered 2x-epochs check needs 3 seed(s)"
     )
 
 
@@ -68,8 +110,12 @@ def test_every_run_composes_and_the_dvc_stages_list_every_run():
         for run in params["runs"]:
             resolve_config("dgc_qsgd", run, scale)
     stages = yaml.safe_load((REPO_ROOT / "pipelines" / "dgc_qsgd" / "dvc.yaml").read_text())["stages"]
-    listed = [r for g in stages["train"]["foreach"].values() for r in g["runs"].split(",")]
+    groups = stages["train"]["foreach"]
+    listed = [r for g in groups.values() for r in g["runs"].split(",")]
     assert sorted(listed) == sorted(r for r in params["runs"] if not r.startswith("paper_"))
+    assert sorted(stages["evaluate"]["foreach"]) == sorted(groups)
+    # 3 seeds for every claim; DGC at 4x the epochs one (the training-length study's budget)
+    assert {g: spec["seeds"] for g, spec in groups.items() if spec["seeds"] != "0,1,2"} == {"cifar_x4": "0"}
 
 
 def test_smoke_losses_equal_the_record(dgc_qsgd):

@@ -101,8 +101,13 @@ def test_every_run_composes_and_the_dvc_stages_list_every_run():
         for run in params["runs"]:
             resolve_config("exdyna", run, scale)
     stages = yaml.safe_load((REPO_ROOT / "pipelines" / "exdyna" / "dvc.yaml").read_text())["stages"]
-    listed = [r for g in stages["train"]["foreach"].values() for r in g.split(",")]
+    groups = stages["train"]["foreach"]
+    listed = [r for g in groups.values() for r in g["runs"].split(",")]
     assert sorted(listed) == sorted(r for r in params["runs"] if not r.startswith("paper_"))
+    # the selectors over 3 seeds (the accuracy claims' intervals), the timing-only cost runs over one
+    assert {g: spec["seeds"] for g, spec in groups.items()} == {
+        "cifar": "0,1,2", "shakespeare": "0,1,2", "cost_w2": "0", "cost_w4": "0", "cost_w8": "0"
+    }  # fmt: skip
     # the cost runs keep the suite's 32 windows per step at every W
     for world in (2, 4, 8):
         config = resolve_config("exdyna", f"shakespeare_exdyna_w{world}", "cpu")

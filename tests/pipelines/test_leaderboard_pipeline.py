@@ -86,12 +86,23 @@ def test_leaderboard_measures_the_small_vision_task_and_models_every_task(repo, 
         "200mbit",
         "--spot-checks",
         "shakespeare_dgc@200mbit",
+        "--seeds",
+        "0",
     )
     report = json.loads((root / "results/leaderboard/report.json").read_text())
+    runs = root / "results/leaderboard/runs"
+    assert sorted(p.name for p in runs.iterdir()) == ["mnist_200mbit", "shakespeare_s0", "spot_200mbit"]
     rows = {(r["task"], r["method"]): r for r in report["rows"]}
     assert set(rows) == {(t, m) for t in ("mnist", "shakespeare") for m in ("fp32", "dgc")}
     fp32, dgc = rows[("mnist", "fp32")], rows[("mnist", "dgc")]
     assert fp32["network"] == "200mbit" and fp32["rate"] == "200mbit"  # really trained over the shaped link
+    # every run is the suite's recipe stretched to 2x its steps (smoke: max_steps 6 -> 12), stopped at the target
+    config = json.loads((runs / "mnist_200mbit" / "mnist_dgc" / "seed0" / "run.json").read_text())["config"]
+    assert config["max_steps"] == 12 and config["stop_at"] and report["stretch"] == 2
+    for row in report["rows"]:
+        assert row["step_limit"] == 12 and row["seeds"] == [0] and len(row["steps_to_target"]) == 1
+        reached = row["steps_to_target"][0]
+        assert row["within"] == (reached is not None) and (reached is None or reached <= 12)
     assert dgc["bits_per_step"] < fp32["bits_per_step"] / 2
     assert fp32["measured_step_ms"] > 0 and fp32["modelled_step_ms"] > 0
     # the modelled tasks: steps to target x modelled step time, no measurement
@@ -102,6 +113,8 @@ def test_leaderboard_measures_the_small_vision_task_and_models_every_task(repo, 
     assert {r["method"] for r in report["extrapolation"]} == {"fp32", "dgc"}
     text = (root / "results/leaderboard/report.md").read_text()
     assert "Spot checks" in text and "512 workers" in text
+    missed = [r for r in report["rows"] if not r["within"]]
+    assert all("not within 2x steps (0 of 1 seeds reached)" in text for _ in missed)
     assert (root / "results/leaderboard/leaderboard.png").stat().st_size > 0
 
 
@@ -124,3 +137,22 @@ def test_a_bad_method_fails_before_any_network_is_built(repo, suite_smoke):
     )
     assert result.returncode != 0
     assert "stage.methods nope have no" in result.stderr
+
+
+def test_the_root_stages_train_every_group_of_the_params():
+    import yaml
+
+    from common.paths import REPO_ROOT
+    from harness.params import load_params
+    from pipelines.leaderboard.training import groups, settings
+
+    cfg = settings(list(load_params("suite")["runs"]))
+    stages = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())["stages"]
+    assert stages["leaderboard_train"]["foreach"] == list(groups(cfg))
+    assert cfg.stretch == 2 and cfg.seeds == (0, 1, 2)
+    measured = groups(cfg)["mnist_100mbit"]
+    assert (
+        measured.rate == "100mbit" and measured.seeds == (0, 1, 2) and len(measured.runs) == len(cfg.methods)
+    )
+    assert groups(cfg)["cifar_s1"].seeds == (1,) and groups(cfg)["cifar_s1"].rate is None
+    assert groups(cfg)["spot_100mbit"].runs == ["cifar_fp32", "cifar_dgc"]

@@ -13,7 +13,7 @@ from common.paths import REPO_ROOT
 from harness.params import load_params
 from pipelines.train import resolve_config
 from tests.helpers.smoke_record import check_losses
-from tests.pipelines.conftest import train_evaluate_report
+from tests.pipelines.conftest import LENGTH_TIMEOUT, train_evaluate_report
 
 RUNS = ",".join(f"mnist_d16_{m}_{lr}" for m in ("ef", "def", "defa") for lr in ("lr04", "lr01"))
 
@@ -65,8 +65,42 @@ def test_every_run_composes_and_the_dvc_stages_list_every_run():
         for run in params["runs"]:
             resolve_config("random_block", run, scale)
     stages = yaml.safe_load((REPO_ROOT / "pipelines" / "random_block" / "dvc.yaml").read_text())["stages"]
-    listed = [r for g in stages["train"]["foreach"].values() for r in g.split(",")]
+    groups = stages["train"]["foreach"]
+    listed = [r for g in groups.values() for r in g["runs"].split(",")]
     assert sorted(listed) == sorted(r for r in params["runs"] if not r.startswith("paper_"))
+    assert sorted(stages["evaluate"]["foreach"]) == sorted(groups)
+    # 3 seeds for every claim; DEF at 4x the epochs one (the training-length study's budget)
+    assert {g: spec["seeds"] for g, spec in groups.items() if spec["seeds"] != "0,1,2"} == {"cifar_x4": "0"}
+    for factor in (2, 4):
+        longer = resolve_config("random_block", f"cifar_def_x{factor}", "cpu")
+        assert longer.epochs == factor * resolve_config("suite", "cifar_def", "cpu").epochs
+
+
+@pytest.fixture(scope="module")
+def def_length(length_suite, tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("def_length")
+    return train_evaluate_report(
+        "random_block",
+        "cifar_def_x2,cifar_def_x4",
+        "cifar_length",
+        "0",
+        length_suite,
+        root,
+        "papers.random_block.report",
+    )
+
+
+@pytest.mark.timeout(LENGTH_TIMEOUT)
+def test_the_length_study_judges_def_at_2x_and_4x_the_steps(def_length):
+    report = json.loads((def_length / "report.json").read_text())
+    (study,) = report["length"]
+    assert (study["task"], study["method"]) == ("cifar", "def")
+    assert [(r["epochs"], r["steps"]) for r in study["rows"]] == [(10, 6), (20, 12), (40, 24)]
+    assert (
+        study["verdict"].startswith("undecided")
+        and study["verdict"] in (def_length / "report.md").read_text()
+    )
+    assert (def_length / "length.png").stat().st_size > 10_000
 
 
 def test_smoke_losses_equal_the_record(random_block):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 
@@ -57,6 +58,14 @@ def test_report_judges_every_method_and_never_from_too_few_seeds(suite):
     assert (
         tasks["mnist"]["seeds"] == [0, 1] and tasks["mnist"]["evaluations_per_run"] == 6
     )  # 10 asked, 6 steps
+    # the pre-registered convergence check: no fp32 at twice the epochs here, so it is not made
+    for task in tasks.values():
+        assert task["longer_run"] == f"{task['task']}_fp32x2" and task["check"]["num_longer"] == 0
+        assert not task["converged"] and task["reason"] == (
+            "baseline not checked: the pre-registered 2x-epochs check needs 3 seed(s) of fp32 at 2x the "
+            "epochs, 0 trained"
+        )
+        assert len(task["last_fifth_gains"]) == 2  # release 1's rule: a figure per seed
     rows = {r["run"]: r for r in report["rows"]}
     assert set(rows) == set(RUNS.split(","))
     for run, row in rows.items():
@@ -69,6 +78,7 @@ def test_report_judges_every_method_and_never_from_too_few_seeds(suite):
     assert rows["mnist_dgc"]["compression_factor"] > 1
     text = (suite / "report.md").read_text()
     assert "## fp32 convergence" in text and "Tiny Shakespeare" in text
+    assert "**no**: baseline not checked: the pre-registered 2x-epochs check" in text
     assert (suite / "curves.png").stat().st_size > 10_000
 
 
@@ -80,17 +90,45 @@ def test_every_run_composes_and_every_run_is_in_one_train_group():
     stages = yaml.safe_load((REPO_ROOT / "pipelines" / "suite" / "dvc.yaml").read_text())["stages"]
     groups = stages["train"]["foreach"]
     listed = [r for g in groups.values() for r in g["runs"].split(",")]
-    # each run once, but the fp32x2 references: by hand only (the budget)
-    by_hand = sorted(r for r in params["runs"] if r.endswith("_fp32x2"))
-    assert by_hand == ["cifar_fp32x2", "mnist_fp32x2", "shakespeare_fp32x2"]
-    assert sorted(listed) == sorted(set(params["runs"]) - set(by_hand))
+    assert sorted(listed) == sorted(params["runs"])  # each run once
     assert sorted(stages["evaluate"]["foreach"]) == sorted(groups)
     tasks = params["stage"]["tasks"]
     assert {r.split("_")[0] for r in params["runs"]} == set(tasks)
-    for group, spec in groups.items():
-        # 3 seeds for every claim under 2 points; fp32 always among them
-        if group.endswith("_3"):
-            assert spec["seeds"] == "0,1,2" and f"{group.removesuffix('_3')}_fp32" in spec["runs"].split(",")
+    # 3 seeds for every run a claim reads; fp32 at 4x the epochs (beside the papers' 4x runs) one
+    assert {g: spec["seeds"] for g, spec in groups.items() if spec["seeds"] != "0,1,2"} == {"cifar_x4": "0"}
+    for task, spec in tasks.items():
+        # the pre-registered check: fp32 stretched to 2x, 3 seeds, the claims' own tolerance
+        check = spec["convergence"]
+        assert check == {"longer": f"{task}_fp32x2", "seeds": 3, "tolerance": spec["tolerance"]}
+        for scale in ("smoke", "cpu"):
+            recipe, longer = (resolve_config("suite", r, scale) for r in (f"{task}_fp32", check["longer"]))
+            assert longer.epochs == 2 * recipe.epochs and longer.lr_warmup_steps == 2 * recipe.lr_warmup_steps
+            assert longer.max_steps == (None if recipe.max_steps is None else 2 * recipe.max_steps)
+            assert dataclasses.replace(longer, epochs=recipe.epochs, lr_warmup_steps=recipe.lr_warmup_steps,
+                                       max_steps=recipe.max_steps) == recipe  # fmt: skip
+
+
+def test_a_convergence_tolerance_looser_than_the_claims_is_refused():
+    from harness.verdict import longer_training
+    from pipelines.suite.report import convergence_check
+
+    spec = {
+        "metric": "accuracy",
+        "tolerance": 1.0,
+        "convergence": {"longer": "x", "seeds": 3, "tolerance": 1.5},
+    }
+    with pytest.raises(SystemExit, match="tolerance 1.5 is looser than the claims' tolerance 1"):
+        convergence_check("cifar", spec, {}, {0: 80.0})
+    spec["convergence"] = {"longer": "x", "seeds": 3}
+    with pytest.raises(
+        SystemExit, match=r"convergence must be \{longer: <run>, seeds: <n>, tolerance: <t>\}"
+    ):
+        convergence_check("cifar", spec, {}, {0: 80.0})
+    spec["convergence"] = {"longer": "x", "seeds": 1, "tolerance": 1.0}
+    runs = {"x": {0: {"evaluation": {"test_accuracy": 0.8125}}}}
+    longer, check = convergence_check("cifar", spec, runs, {0: 80.0})
+    assert longer == "x" and check == longer_training({0: 80.0}, {0: 81.25}, tolerance=1.0, seeds_needed=1)
+    assert not check.converged  # 1.25 points: twice the epochs moved it by more than the tolerance
 
 
 def test_smoke_losses_equal_the_record(suite):

@@ -9,7 +9,9 @@ import pytest
 from pipelines import summary
 
 
-def _judged(claim, verdict, seeds=(3, 3), low=-0.5, high=0.3, paper="ResNet-110 93.87 % [MEM]"):
+def _judged(
+    claim, verdict, seeds=(3, 3), low=-0.5, high=0.3, paper="ResNet-110 93.87 % [MEM]", reason="why it is so"
+):
     return {
         "claim": claim,
         "metric": "accuracy",
@@ -22,7 +24,7 @@ def _judged(claim, verdict, seeds=(3, 3), low=-0.5, high=0.3, paper="ResNet-110 
         "paired": True,
         "bound": ">= -1 pts",
         "verdict": verdict,
-        "reason": "why it is so",
+        "reason": reason,
         "paper": paper,
     }
 
@@ -35,7 +37,20 @@ def results(tmp_path, monkeypatch):
             "rows": [{"git_sha": "abc1234", "run": "a"}],
             "claims": [
                 _judged("CIFAR-10: TernGrad loses nothing", "reproduced"),
-                _judged("MNIST: it | loses nothing", "inconclusive", seeds=(1, 3), low=None, high=None),
+                _judged(
+                    "MNIST: it | loses nothing",
+                    "inconclusive",
+                    seeds=(1, 3),
+                    low=None,
+                    high=None,
+                    reason="1 run(s) on one side, 3 needed for an interval",
+                ),
+                _judged(
+                    "CIFAR-10: QSGD loses nothing",
+                    "inconclusive",
+                    reason="baseline failed the pre-registered 2x-epochs check: 2x the epochs changed its "
+                    "metric by +1.3 (|change| must be < 1, the claims' tolerance)",
+                ),
             ],
         },
         "matcha": {
@@ -68,8 +83,14 @@ def results(tmp_path, monkeypatch):
 def test_every_claim_is_one_row_beside_the_papers_figure(results):
     text = summary.claims_section()
     rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| claim")]
-    assert len(rows) == 3
-    assert "1 reproduced, 0 not reproduced, 2 inconclusive" in text
+    assert len(rows) == 4
+    assert "1 reproduced, 0 not reproduced, 3 inconclusive (judged over seeds: 1 for too few seeds, " in text
+    assert "1 for a baseline that failed or lacks its convergence check)" in text
+    failed = next(r for r in rows if "QSGD" in r)
+    assert (
+        "baseline failed the pre-registered 2x-epochs check: 2x the epochs changed its metric by +1.3"
+        in failed
+    )
     judged = next(r for r in rows if "TernGrad loses nothing" in r)
     assert "ResNet-110 93.87 % [MEM]" in judged and "80.50 against 80.60: Δ -0.10 pts" in judged
     assert "[-0.50, 0.30]" in judged and "**reproduced**" in judged
