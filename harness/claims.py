@@ -118,7 +118,7 @@ def suite_convergence(root: Path | None = None) -> dict[str, LongerTraining]:
         )
     checks = {}
     for c in json.loads(path.read_text())["convergence"]:
-        check = {k: math.nan if v is None else v for k, v in c["check"].items()}  # JSON null = NaN
+        check: dict[str, Any] = {k: math.nan if v is None else v for k, v in c["check"].items()}  # null = NaN
         checks[c["task"]] = LongerTraining(**check)
     return checks
 

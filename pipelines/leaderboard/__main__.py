@@ -162,11 +162,13 @@ def method_row(
         step = modelled_step(prof, rate, params)
         row["modelled_step_ms"] = 1e3 * step
         row["modelled_seconds_per_seed"] = [
-            None if steps[s] is None else steps[s] * step for s in sorted(seeds)
+            None if (v := steps[s]) is None else v * step for s in sorted(seeds)
         ]
-        row["modelled_seconds"] = _mean([steps[s] * step for s in seeds]) if within else math.nan
+        taken = [float(v) for v in steps.values() if v is not None]  # every seed's when within
+        row["modelled_seconds"] = _mean([v * step for v in taken]) if within else math.nan
     if task == cfg.measured_task:
-        row["measured_seconds"] = _mean([e["wall_seconds"] for e in reached.values()]) if within else math.nan
+        walls = [e["wall_seconds"] for e in reached.values() if e is not None]
+        row["measured_seconds"] = _mean(walls) if within else math.nan
         row["measured_step_ms"] = _mean(
             [1e3 * r["metrics"]["wall_seconds"] / r["metrics"]["steps"] for r in seeds.values()]
         )

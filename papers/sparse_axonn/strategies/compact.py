@@ -59,7 +59,7 @@ class CompactOptions(Options):
             raise ValueError(f"compact betas must be a pair [beta1, beta2], got {self.betas!r}")
 
 
-def check_compact_options(options: Mapping[str, Any] | CompactOptions | None) -> CompactOptions:
+def check_compact_options(options: Mapping[str, Any] | Options | None) -> CompactOptions:
     """A run's ``options`` over the defaults, validated: they must name the mask file."""
     checked = CompactOptions.from_mapping(options)
     if checked.masks is None:

@@ -77,7 +77,7 @@ def test_small_tensors_and_vectors_are_sent_uncompressed():
 def test_bad_options_are_refused():
     for options, message in (
         ({"rank": 0}, "rank must be an integer >= 1, got 0"),
-        ({"rank": 1.5}, "rank must be an integer >= 1"),
+        ({"rank": 1.5}, "compressor .powersgd. option rank must be an integer, got 1.5"),
         ({"min_compression_rate": 0.5}, "min_compression_rate must be a number >= 1"),
         ({"warm_start": "yes"}, "warm_start must be true or false"),
         ({"epsilon": -1}, "epsilon must be a number >= 0"),
