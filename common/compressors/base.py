@@ -213,11 +213,6 @@ class Compressor(ABC):
             total += self.decompress(payload)
         return total
 
-    def decompress_mean_into(self, payload: Payload, out: Tensor, world: int) -> Tensor:
-        """The mean of ``world`` ranks' summed ``payload`` in ``out`` (``decompress_into``'s
-        contract): decompressed, then divided. Overrides may do both in one pass, same values."""
-        return self.decompress_into(payload, out).div_(world)
-
     def aggregate_into(self, payloads: Sequence[Payload], out: Tensor) -> Tensor:
         """:meth:`aggregate` written into ``out`` (``decompress_into``'s contract; GradientSync's
         all-gather route passes the bucket it was handed). The default sums, then copies (so a

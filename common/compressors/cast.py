@@ -34,16 +34,6 @@ class _Cast(Compressor):
         out.view(-1).copy_(payload.wire["values"])
         return out
 
-    def decompress_mean_into(self, payload: Payload, out: Tensor, world: int) -> Tensor:
-        """Cast and divide in one pass, in ``out``'s dtype: the values of ``decompress_into`` then
-        ``div_`` (the cast to fp32 is exact), without a second pass over ``out``. The divisor is a
-        1-entry tensor of ``out``'s dtype, not a 0-dim one or a number (those leave the division
-        in the wire's half dtype, which rounds differently)."""
-        check_out(payload, out)
-        divisor = torch.full((1,), world, dtype=out.dtype, device=out.device)
-        torch.div(payload.wire["values"], divisor, out=out.view(-1))
-        return out
-
 
 class FP16(_Cast):
     """IEEE half precision (5-bit exponent: overflows above 65504; fine for averaged gradients)."""
