@@ -200,3 +200,12 @@ def plot(studies: list[dict[str, Any]], path: Path) -> None:
         ax.set_xticklabels([str(e) for e in epochs])
         ax.legend(fontsize=8)
     save_panels(fig, axes, path)
+
+
+def add_to_report(lengths: list[dict[str, Any]], text: str, figures: dict[str, Any]) -> str:
+    """A paper report's ``text`` with the training-length section, ``length.png`` added to
+    ``figures``; both unchanged when no longer run exists."""
+    if lengths:
+        figures["length.png"] = lambda path: plot(lengths, path)
+        text += "\n".join(markdown(lengths))
+    return text

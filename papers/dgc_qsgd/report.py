@@ -265,10 +265,7 @@ def build(suite_root: Path, out: Path, scale: str) -> PaperReport:
     claims, rows = collect(suite, own, suite_convergence(suite_root))
     lengths = length.studies(suite, own, "dgc", "DGC at 99.9 % sparsity loses nothing")
     figures = {"curves.png": lambda path: plot_curves(rows, path)}
-    text = markdown(claims, rows, scale)
-    if lengths:
-        figures["length.png"] = lambda path: length.plot(lengths, path)
-        text += "\n".join(length.markdown(lengths))
+    text = length.add_to_report(lengths, markdown(claims, rows, scale), figures)
     return PaperReport(text, claims, rows, figures, {"length": lengths})
 
 
