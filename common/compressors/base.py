@@ -162,6 +162,11 @@ class Compressor(ABC):
     #: one or the bucket as one flat tensor gives the same payload entries, so GradientSync compresses
     #: a bucket whole even with ``compress_per_tensor`` (one call per bucket, not one per tensor).
     elementwise: ClassVar[bool] = False
+    #: Through an all-reduce, each rank divides its wire values by the world size before the sum
+    #: and the sum is the mean (a cast: PyTorch's ``fp16_compress_hook`` does the same, and a
+    #: half-precision sum of many ranks cannot overflow where the mean does not); otherwise the
+    #: sum is decompressed and divided after.
+    divides_on_wire: ClassVar[bool] = False
     #: Sparsifiers: the fraction of entries kept (DGC's warm-up and DEF-A's averager read it);
     #: None for compressors that send every entry.
     density: float | None = None

@@ -55,6 +55,9 @@ class Step:
     sparse: tuple[Tensor, Tensor] | None = None
     #: The fused route's (``common.comm.routes.fused``): the whole bucket, its residual already updated.
     fused: bool = False
+    #: The wire values were divided by the world size before the all-reduce (``Compressor.divides_on_wire``):
+    #: the sum that arrives is the mean.
+    divided: bool = False
 
 
 class RouteHost(Protocol):
