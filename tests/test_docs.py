@@ -187,6 +187,7 @@ class Checker:
 
     def check_path(self, token: str) -> list[str]:
         token = token.rstrip(".,;:)").split("|")[0].split("#")[0]
+        token = re.sub(r"(dvc\.yaml):[\w@.-]+$", r"\1", token)  # a DVC stage address: its file
         if not self.is_path(token):
             return []
         pattern = re.sub(r"<[^>]*>", "*", token)
