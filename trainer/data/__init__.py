@@ -1,6 +1,6 @@
 """Real data sets, offline: MNIST, Fashion-MNIST, CIFAR-10 (JPEG), Tiny Shakespeare, Penn Treebank.
 
-    from common.data import load_dataset, epoch_batches
+    from trainer.data import load_dataset, epoch_batches
     train = load_dataset("mnist", "train")          # from $THINWIRE_DATA or ../shared/data
     for indices in epoch_batches(len(train), 64, rank=0, world_size=1, seed=0, epoch=0):
         x, y = train.get_batch(indices)

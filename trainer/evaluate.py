@@ -11,11 +11,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..comm.collectives import get_world_size
-from ..config import RunConfig
-from ..data import Dataset, load_dataset
-from ..distributed import DistContext
+from common.comm.collectives import get_world_size
+from common.config import RunConfig
+
 from .components import cross_entropy_loss, model_for
+from .data import Dataset, load_dataset
+from .distributed import DistContext
 from .outputs import trained_model_file
 from .precision import AutocastFactory, autocast_factory, compute_precision
 

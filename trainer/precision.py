@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from ..config import RunConfig
+from common.config import RunConfig
 
 # A new autocast context per call: the loop builds one factory per run and enters it per forward.
 AutocastFactory = Callable[[], AbstractContextManager[Any]]

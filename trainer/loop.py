@@ -1,6 +1,6 @@
-"""The steps of a run over its built components (:class:`~common.train.plan.Loop`): train, log,
+"""The steps of a run over its built components (:class:`~trainer.plan.Loop`): train, log,
 evaluate, call back, checkpoint. Nothing here reads the run's config: run assembly
-(:mod:`common.train.run`) built everything a step applies, once."""
+(:mod:`trainer.run`) built everything a step applies, once."""
 
 from __future__ import annotations
 
@@ -14,15 +14,16 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ..checkpoint import Checkpointer
-from ..config import stop_reached
-from ..data.loader import epoch_loader
-from ..finite import checked_by_caller
-from ..tracking import Tracker
+from common.config import stop_reached
+from common.finite import checked_by_caller
+
+from .checkpoint import Checkpointer
+from .data.loader import epoch_loader
 from .evaluate import evaluate
 from .outputs import save_model
 from .plan import BatchSource, Loop, StepPlan
 from .state import RunState, checkpoint_state
+from .tracking import Tracker
 
 log = logging.getLogger(__name__)
 

@@ -10,9 +10,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..finite import NonFiniteGradient
-from ..step_time import StepTimes
+from common.finite import NonFiniteGradient
+
 from .plan import StepPlan
+from .step_time import StepTimes
 
 
 @dataclass

@@ -240,7 +240,7 @@ class ImageFolderDataset:
 class ImageFolderSource:
     """A registry entry for images read lazily from ``<root>/{train,val}/<class>/``.
 
-    Unlike :class:`~common.data.base.DatasetSource` there is nothing to verify against a checksum
+    Unlike :class:`~trainer.data.base.DatasetSource` there is nothing to verify against a checksum
     or decode ahead; ``load_dataset`` calls :meth:`open_split`.
     """
 

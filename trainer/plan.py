@@ -1,4 +1,4 @@
-"""What the loop runs, built once from the run's config (:func:`common.train.run.build_loop`): the
+"""What the loop runs, built once from the run's config (:func:`trainer.run.build_loop`): the
 components, the values and the callables a step applies. The step reads these, never the config."""
 
 from __future__ import annotations
@@ -10,11 +10,12 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from ..data import Dataset
-from ..distributed import DistContext
-from ..loss_scale import LossScaler
-from ..strategies import SyncStrategy
+from common.strategies import SyncStrategy
+
 from .components import LossFn
+from .data import Dataset
+from .distributed import DistContext
+from .loss_scale import LossScaler
 from .precision import AutocastFactory
 
 

@@ -6,8 +6,7 @@ import os
 from collections.abc import Sequence
 
 from common.fileio import atomic_write
-
-from .mixing import MatchaPlan
+from common.topology.mixing import MatchaPlan
 
 
 def plot_spectrum(plans: Sequence[MatchaPlan], path: str | os.PathLike[str], title: str = "") -> None:

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from .comm.stats import CommStats
+from common.comm.stats import CommStats
 
 PHASE = "communicate"
 

@@ -4,9 +4,18 @@ from __future__ import annotations
 
 import subprocess
 
-from .paths import REPO_ROOT
+from common.paths import REPO_ROOT
 
-CODE_PATHS = ("common", "kernels", "harness", "papers", "pipelines", "pyproject.toml", "requirements.txt")
+CODE_PATHS = (
+    "common",
+    "trainer",
+    "kernels",
+    "harness",
+    "papers",
+    "pipelines",
+    "pyproject.toml",
+    "requirements.txt",
+)
 
 
 def git_sha() -> str:

@@ -18,12 +18,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..config import RunConfig
-from ..fileio import atomic_write, atomic_write_json, atomic_write_text
-from ..plots import plot_curves
-from ..tracking import Tracker
+from common.config import RunConfig
+from common.fileio import atomic_write, atomic_write_json, atomic_write_text
+
 from .plan import Loop
+from .plots import plot_curves
 from .state import RunState
+from .tracking import Tracker
 
 MODEL_FILE = "model.pt"  # rank 0's final model, as evaluated (the loop's last evaluation)
 

@@ -110,7 +110,7 @@ def load_dataset(
 
     ``root`` is the folder holding the data sets' folders (default: ``$THINWIRE_DATA`` or
     ``../shared/data``; ImageNet without ``root``: ``$THINWIRE_IMAGENET`` if set, see
-    :mod:`common.data.imagefolder`). ``split`` is ``train``, ``val`` (carved from the official
+    :mod:`trainer.data.imagefolder`). ``split`` is ``train``, ``val`` (carved from the official
     training set) or ``test``. ``seq_len`` is the window length of text data sets. ``limit`` keeps
     the first ``limit`` examples of the split's fixed order. ``seed`` seeds the augmentation of
     data sets that augment as they decode (ImageNet's train split); the others ignore it.

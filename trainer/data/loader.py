@@ -4,10 +4,10 @@ pinned memory (``data_workers`` in a run; the paper-scale input path).
 The loop's own path decodes each step's batch in the training process (``dataset.get_batch``),
 which is all a CPU-scale run needs. At paper scale (ImageNet JPEGs feeding a GPU) decoding must
 run ahead of the step in other processes. :func:`epoch_loader` serves exactly the same batches: the
-sampler is the loop's own list of an epoch's index batches (``common.data.sampling``, seeded by the
+sampler is the loop's own list of an epoch's index batches (``trainer.data.sampling``, seeded by the
 run), from the step the run is at, so a resumed run reads the batches it would have read; each
 batch is the data set's ``get_batch`` of those indices, made in a worker. ImageNet's augmentation
-draws depend on (seed, example, epoch) only (``common.data.imagefolder``), so they are the same in
+draws depend on (seed, example, epoch) only (``trainer.data.imagefolder``), so they are the same in
 any process. Batches arrive in order (``DataLoader`` keeps the sampler's order).
 
 Only for ``sampling: epochs``: with ``draws`` an example may recur within an epoch, and its

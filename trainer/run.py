@@ -1,6 +1,6 @@
 """A run assembled from its ``RunConfig``: :func:`train` builds every component once (model,
 optimizer, strategy, data, schedule, precision, tracker), resumes from the last checkpoint, runs the
-loop (:mod:`common.train.loop`, which reads only what was built here) and writes the outputs."""
+loop (:mod:`trainer.loop`, which reads only what was built here) and writes the outputs."""
 
 from __future__ import annotations
 
@@ -13,18 +13,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..checkpoint import Checkpointer
-from ..comm.collectives import get_world_size
-from ..config import RunConfig
-from ..data import Dataset
-from ..distributed import DistContext, barrier, init_from_env, is_collective_timeout, seed_everything
-from ..fileio import check_writable
-from ..finite import NonFiniteMetric
-from ..loss_scale import LossScaler
-from ..methods import effective_config
-from ..paths import REPO_ROOT
-from ..strategies import SyncStrategy
-from ..tracking import Tracker, loaded_git_sha
+from common.comm.collectives import get_world_size
+from common.config import RunConfig
+from common.fileio import check_writable
+from common.finite import NonFiniteMetric
+from common.methods import effective_config
+from common.paths import REPO_ROOT
+from common.strategies import SyncStrategy
+
+from .checkpoint import Checkpointer
 from .components import (
     augmenter,
     cross_entropy_loss,
@@ -37,11 +34,15 @@ from .components import (
     optimizer_for,
     prepare_model,
 )
+from .data import Dataset
+from .distributed import DistContext, barrier, init_from_env, is_collective_timeout, seed_everything
 from .loop import Callback, run_steps
+from .loss_scale import LossScaler
 from .outputs import final_metrics, non_finite_final, run_info, write_outputs
 from .plan import BatchSource, Loop, StepPlan
 from .precision import autocast_factory, compute_precision
 from .state import RunState, restore
+from .tracking import Tracker, loaded_git_sha
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ class DatasetInfo:
 
 
 class Dataset(Protocol):
-    """What :func:`common.data.load_dataset` returns: index it by batches of example indices."""
+    """What :func:`trainer.data.load_dataset` returns: index it by batches of example indices."""
 
     @property
     def info(self) -> DatasetInfo: ...
@@ -45,7 +45,7 @@ class Dataset(Protocol):
 
 
 class DatasetSource:
-    """One entry of :data:`common.data.DATASETS`: which files to read and how to turn them into a split.
+    """One entry of :data:`trainer.data.DATASETS`: which files to read and how to turn them into a split.
 
     ``decode`` reads the verified source files into plain arrays (cached on disk by the caller);
     ``make_split`` builds the dataset object of one split from those arrays.

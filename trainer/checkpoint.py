@@ -39,8 +39,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from common.fileio import WriteError, atomic_write, atomic_write_json, atomic_write_text, check_writable
+
 from .distributed import barrier
-from .fileio import WriteError, atomic_write, atomic_write_json, atomic_write_text, check_writable
 
 log = logging.getLogger(__name__)
 

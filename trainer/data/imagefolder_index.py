@@ -1,6 +1,6 @@
 """The file list of an ImageNet-style folder tree (``<root>/{train,val}/<wnid>/*.JPEG``): the scan
 that builds it, the check of a cached copy, and the fingerprint that keys the cache
-(:mod:`common.data.imagefolder` reads the images).
+(:mod:`trainer.data.imagefolder` reads the images).
 """
 
 from __future__ import annotations

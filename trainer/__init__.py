@@ -1,4 +1,11 @@
-"""The one training loop. A sync strategy decides what crosses the wire.
+"""thinwire's training loop: what the pipelines and the examples run. One ``RunConfig`` in, a
+trained model and its metrics out. The method library is ``common/`` (compressors, error feedback,
+GradientSync, the DDP hook, the sync strategies): a user's own training script imports that and
+none of this package; this package adds the loop, its data sets and models, checkpoints, MLflow
+tracking and the run's outputs. Arrows: pipelines -> papers -> harness -> trainer -> common ->
+kernels, one way.
+
+The one training loop. A sync strategy decides what crosses the wire.
 
 Run from an entry point under torchrun, e.g. (what ``pipelines/train.py`` does)::
 
@@ -23,10 +30,14 @@ holds every training stage's outputs complete; ``run.json`` records where, relat
 Recipe settings the loop applies to every method alike: label smoothing of the training loss,
 local gradient clipping before anything is sent, bf16 autocast and channels_last for compute.
 
-The modules, in the order a run meets them: ``run`` (:func:`train`: every component built from the
-``RunConfig`` once), ``components`` (their constructors), ``precision``, ``plan`` (the built
+The modules, in the order a run meets them: ``checks`` (the run checked whole before any process
+starts), ``run`` (:func:`train`: every component built from the ``RunConfig`` once),
+``components`` (their constructors), ``precision``, ``plan`` (the built
 objects the step reads), ``state`` (what a run has done; what a checkpoint holds), ``loop`` (the
 steps, which never read the config), ``evaluate``, ``outputs`` (metrics.json, curves, model file).
+Beside them: ``data/`` and ``models/`` (the registries a run names), ``distributed`` (the process
+group from torchrun's environment), ``checkpoint``, ``tracking`` and ``code_version`` (MLflow and
+the git sha a run records), ``step_time``, ``loss_scale`` (fp16) and ``plots`` (figures).
 """
 
 from .components import INIT_FROM_DATA_EXAMPLES, default_strategy, prepare_model

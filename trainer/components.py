@@ -1,5 +1,5 @@
 """A run's components, each built from its ``RunConfig``: data, model, strategy, optimizer, lr
-schedule, training loss, batch sampling and augmentation. :mod:`common.train.run` calls each once;
+schedule, training loss, batch sampling and augmentation. :mod:`trainer.run` calls each once;
 what they return is all the loop reads."""
 
 from __future__ import annotations
@@ -11,13 +11,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..config import RunConfig
-from ..data import Dataset, drawn_batch, epoch_batches, load_dataset
-from ..data.augment import augment_batch, augment_generator
-from ..distributed import DistContext
-from ..methods import build_strategy
-from ..models import build_model
-from ..strategies import SyncStrategy
+from common.config import RunConfig
+from common.strategies import SyncStrategy
+
+from .checks import check_run
+from .data import Dataset, drawn_batch, epoch_batches, load_dataset
+from .data.augment import augment_batch, augment_generator
+from .distributed import DistContext
+from .models import build_model
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
 
@@ -27,8 +28,9 @@ INIT_FROM_DATA_EXAMPLES = 5000
 
 
 def default_strategy(config: RunConfig) -> SyncStrategy:
-    """The strategy ``config.strategy`` names, built from the run (common.methods.STRATEGIES)."""
-    return build_strategy(config)
+    """The strategy ``config.strategy`` names (common.methods.STRATEGIES), built from the run
+    checked whole (:func:`trainer.checks.check_run`: its data set and model too)."""
+    return check_run(config).build()
 
 
 def cross_entropy_loss(kind: str, label_smoothing: float = 0.0) -> LossFn:
@@ -142,7 +144,7 @@ def draw_sampler(
 
 def augmenter(config: RunConfig, rank: int) -> Callable[[Tensor, int], Tensor] | None:
     """``(images, step) -> augmented images`` of the run's ``augment`` on this rank (None: none),
-    each step from its own generator (:func:`common.data.augment.augment_generator`)."""
+    each step from its own generator (:func:`trainer.data.augment.augment_generator`)."""
     kind, seed = config.augment, config.seed
     if kind == "none":
         return None

@@ -35,14 +35,14 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from .comm.collectives import exchange, get_rank, get_world_size
-from .comm.stats import CommStats
-from .options import Options
-from .strategies.base import MethodNeeds, SyncStrategy, _broadcast_module_state
+from ..comm.collectives import exchange, get_rank, get_world_size
+from ..comm.stats import CommStats
+from ..options import Options
+from .base import MethodNeeds, SyncStrategy, _broadcast_module_state
 
 if TYPE_CHECKING:
-    from .config import RunConfig
-from .topology import (
+    from ..config import RunConfig
+from ..topology import (
     PAPER_GRAPHS,
     MatchaPlan,
     check_budget,
