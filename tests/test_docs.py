@@ -38,7 +38,17 @@ REPO = Path(__file__).resolve().parent.parent
 #: Git-ignored things a command makes (the venv, caches, hand runs' outputs): never in a checkout.
 MADE_AT_RUN_TIME = {".venv", ".cache", "artifacts", "scratch", "mlflow.db", "mlruns", "mlartifacts"}
 #: Packages of the repository: a dotted name under one of them must resolve to its source.
-PACKAGES = {"common", "kernels", "papers", "pipelines", "benchmarks", "examples", "tests", "harness"}
+PACKAGES = {
+    "common",
+    "trainer",
+    "kernels",
+    "papers",
+    "pipelines",
+    "benchmarks",
+    "examples",
+    "tests",
+    "harness",
+}
 #: torchrun options that take no value (every other option before the script takes one).
 TORCHRUN_SWITCHES = {"--standalone", "--no-python", "--no_python", "--run-path", "--run_path"}
 DVC_COMMANDS = {"repro", "status", "metrics", "params", "plots", "dag", "config", "pull", "push", "exp", "gc"}

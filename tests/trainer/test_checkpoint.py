@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from common.checkpoint import Checkpointer, CheckpointError
 from tests.distributed import run_ranks
+from trainer.checkpoint import Checkpointer, CheckpointError
 
 
 def _saved(

@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from common.loss_scale import LossScaler
-from tests.common.train.test_train import _train_ranks
 from tests.distributed import run_ranks
+from tests.trainer.test_train import _train_ranks
+from trainer.loss_scale import LossScaler
 
 
 def test_the_scale_backs_off_on_overflow_and_grows_after_clean_steps():

@@ -7,12 +7,12 @@ import math
 import pytest
 import torch
 
-from common.distributed import DistContext
 from common.finite import NonFiniteGradient, assert_finite, flat_finite
-from common.methods import checked_config
-from common.train import default_strategy, train
 from tests.distributed import run_ranks
 from tests.helpers.train_once import CONFIG
+from trainer import default_strategy, train
+from trainer.checks import checked_config
+from trainer.distributed import DistContext
 
 BAD_STEP = 3
 BASE = {**CONFIG, "max_steps": 6, "log_every": 2, "eval_every": 100, "checkpoint_every": 100, "world_size": 2}

@@ -14,10 +14,10 @@ from torch import nn
 from common.comm.sync import GradientSync
 from common.compressors import build_compressor
 from common.config import RunConfig
-from common.methods import checked_config
-from common.train import autocast
-from common.train.components import cross_entropy_loss, lr_schedule
 from tests.distributed import run_ranks
+from trainer import autocast
+from trainer.checks import checked_config
+from trainer.components import cross_entropy_loss, lr_schedule
 
 
 def test_linear_schedule_warms_up_then_falls_to_the_end_factor():
@@ -29,6 +29,15 @@ def test_linear_schedule_warms_up_then_falls_to_the_end_factor():
     assert factor(110) == pytest.approx(0.07)
     values = [factor(s) for s in range(10, 111)]
     assert all(a >= b for a, b in itertools.pairwise(values))  # monotone after the warm-up
+
+
+def test_step_schedule_decays_at_the_milestone_epochs():
+    config = checked_config({"lr_schedule": "step", "lr_milestones": [2, 3], "lr_decay": 0.5, "epochs": 4})
+    assert config.lr_milestones == (2, 3)  # YAML's list, stored hashable
+    factor = lr_schedule(config, total_steps=40, steps_per_epoch=10)
+    assert [factor(s) for s in (0, 19, 20, 29, 30, 39)] == [1.0, 1.0, 0.5, 0.5, 0.25, 0.25]
+    halves = lr_schedule(checked_config({"lr_schedule": "step"}), total_steps=40, steps_per_epoch=10)
+    assert [halves(s) for s in (19, 20, 29, 30)] == [1.0, 0.1, 0.1, pytest.approx(0.01)]
 
 
 def test_label_smoothing_changes_the_training_loss_only_as_torch_defines_it():
@@ -44,9 +53,9 @@ def test_label_smoothing_changes_the_training_loss_only_as_torch_defines_it():
 
 
 def test_bf16_autocast_keeps_weights_and_gradients_fp32(monkeypatch):
-    import common.train.precision
+    import trainer.precision
 
-    monkeypatch.setattr(common.train.precision, "cpu_has_bf16", lambda: True)  # as on a CPU with bf16 units
+    monkeypatch.setattr(trainer.precision, "cpu_has_bf16", lambda: True)  # as on a CPU with bf16 units
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(4 * 6 * 6, 10))
     config = RunConfig(precision="bf16")
     with autocast(config, torch.device("cpu")):
@@ -61,15 +70,15 @@ def test_bf16_autocast_keeps_weights_and_gradients_fp32(monkeypatch):
 def test_a_bf16_recipe_computes_in_fp32_on_a_cpu_without_bf16_units(monkeypatch):
     """oneDNN emulates bf16 there (10x slower than fp32 for the suite's net, measured) and has no bf16
     LSTM: the run computes in fp32 and says so (``compute_precision``)."""
-    import common.train.precision
-    from common.train import compute_precision
+    import trainer.precision
+    from trainer import compute_precision
 
     cpu, config = torch.device("cpu"), RunConfig(precision="bf16")
-    monkeypatch.setattr(common.train.precision, "cpu_has_bf16", lambda: False)
+    monkeypatch.setattr(trainer.precision, "cpu_has_bf16", lambda: False)
     assert compute_precision(config, cpu) == "fp32"
     with autocast(config, cpu):
         assert nn.Linear(4, 2)(torch.randn(3, 4)).dtype == torch.float32
-    monkeypatch.setattr(common.train.precision, "cpu_has_bf16", lambda: True)
+    monkeypatch.setattr(trainer.precision, "cpu_has_bf16", lambda: True)
     assert compute_precision(config, cpu) == "bf16"
     assert compute_precision(RunConfig(), cpu) == "fp32"  # an fp32 recipe everywhere
     assert compute_precision(config, torch.device("cuda")) == "bf16"  # GPUs: bf16 units assumed

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from common.comm.stats import CommStats
-from common.step_time import StepTimes
+from trainer.step_time import StepTimes
 
 
 def test_on_a_cpu_a_step_is_its_wall_time_less_its_communicate_seconds():

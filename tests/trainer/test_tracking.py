@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from common import tracking
-from common.methods import checked_config
+from trainer.checks import checked_config
 
 # -- a tracking server that dies mid-run (issue 18) ---------------------------------------------------
 
@@ -64,10 +64,10 @@ def test_a_server_killed_mid_run_leaves_the_run_marked_partial(tmp_path, monkeyp
     import torch
     from mlflow.tracking import MlflowClient
 
-    from common.distributed import DistContext
-    from common.train import train
     from tests.distributed import free_port
     from tests.helpers.train_once import CONFIG
+    from trainer import train
+    from trainer.distributed import DistContext
 
     server = _Server(tmp_path, free_port())
     monkeypatch.setenv("MLFLOW_TRACKING_URI", server.uri)
@@ -102,7 +102,7 @@ def test_a_server_killed_mid_run_leaves_the_run_marked_partial(tmp_path, monkeyp
 # CHECKPOINT_FLUSH is 0), rows 21-30 buffered after it; then it waits for its signal.
 _CHILD = """
 import os, sys, time
-from common.tracking import Tracker
+from trainer.tracking import Tracker
 tracker = Tracker("faults", "r", flush_every=10_000)
 tracker.start({"lr": 0.1}, {"stage": "r"})
 for step in range(1, 21):

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from common.distributed import RESTART_SAFE_ENV, DistContext
-from common.methods import checked_config
 from common.paths import REPO_ROOT
-from common.train import StepInfo, train
 from tests.distributed import run_ranks
 from tests.helpers.processes import run_group
 from tests.helpers.train_once import CONFIG
+from trainer import StepInfo, train
+from trainer.checks import checked_config
+from trainer.distributed import RESTART_SAFE_ENV, DistContext
 
 
 def _final_state(out: Path, rank: int) -> dict:
@@ -256,7 +256,7 @@ def test_a_final_evaluation_that_is_not_finite_fails_the_run_after_its_outputs(t
     with an error naming the metric and the step, a FloatingPointError (the launcher does not retry
     it), once every output is written, metrics.json recording the loss as null."""
     from common.finite import NonFiniteMetric
-    from common.train import loop
+    from trainer import loop
 
     evaluate = loop.evaluate
 
@@ -279,7 +279,7 @@ def test_a_kill_between_the_last_checkpoint_and_the_outputs_costs_no_retraining(
     """The outputs are written before the run is marked complete: a run that dies writing them
     (a kill, a full disk) resumes at its last step on the rerun, trains no step, and writes the
     outputs an uninterrupted run writes; only then is its checkpoint marked complete."""
-    from common.train import run as run_module
+    from trainer import run as run_module
 
     config, ctx = _one_rank(epochs=1, eval_every=4)
     reference = train(checked_config(config), tmp_path / "reference", ctx=ctx)
@@ -315,7 +315,7 @@ def test_artifacts_dir_holds_model_and_checkpoints_and_evaluate_finds_them(tmp_p
     go there and the results folder holds only what is committed, so a fresh clone has it whole;
     ``run.json`` says where, relative to the folder, and ``evaluate_trained`` reads the model from
     there; without it, an error that says why and what to do."""
-    from common.train import MODEL_FILE, evaluate_trained
+    from trainer import MODEL_FILE, evaluate_trained
 
     config = checked_config({**CONFIG, "epochs": 1, "world_size": 1, "train_limit": 128, "compressor": "identity",
                                   "compressor_options": {}, "error_feedback": False, "checkpoint_every": 4})  # fmt: skip

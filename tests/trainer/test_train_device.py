@@ -16,18 +16,18 @@ import torch
 from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import common.train.loop as train_module
+import trainer.loop as train_module
 from common.compressors import build_compressor
 from common.config import RunConfig
-from common.data.base import DatasetInfo
-from common.data.images import ImageDataset
-from common.data.text import TextDataset
-from common.distributed import DistContext
-from common.methods import checked_config
 from common.strategies import DataParallel
-from common.train import StepInfo, evaluate, train
 from tests.distributed import run_ranks
 from tests.helpers.train_once import CONFIG
+from trainer import StepInfo, evaluate, train
+from trainer.checks import checked_config
+from trainer.data.base import DatasetInfo
+from trainer.data.images import ImageDataset
+from trainer.data.text import TextDataset
+from trainer.distributed import DistContext
 
 # What a host read of a tensor's value dispatches (``.item()``, ``float()``, ``bool()``,
 # ``torch.equal``, data-dependent shapes): on CUDA each one waits for the device.

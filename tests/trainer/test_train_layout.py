@@ -1,6 +1,6 @@
-"""The loop reads its config once: run assembly (common/train/run.py) builds every component, and
-the step functions of common/train/loop.py take those built objects, never a ``RunConfig`` or
-anything that holds one. Every function of common/train under 60 lines, every module under 400."""
+"""The loop reads its config once: run assembly (trainer/run.py) builds every component, and
+the step functions of trainer/loop.py take those built objects, never a ``RunConfig`` or
+anything that holds one. Every function of trainer under 60 lines, every module under 400."""
 
 from __future__ import annotations
 
@@ -14,17 +14,17 @@ from typing import Any
 
 import torch
 
-import common.train.loop as loop_module
+import trainer.loop as loop_module
 from common.config import RunConfig
-from common.data.base import DatasetInfo
-from common.data.images import ImageDataset
-from common.distributed import DistContext
 from common.paths import REPO_ROOT
-from common.train import evaluate
-from common.train.plan import Loop
-from common.train.run import build_loop
+from trainer import evaluate
+from trainer.data.base import DatasetInfo
+from trainer.data.images import ImageDataset
+from trainer.distributed import DistContext
+from trainer.plan import Loop
+from trainer.run import build_loop
 
-TRAIN = REPO_ROOT / "common" / "train"
+TRAIN = REPO_ROOT / "trainer"
 LOOP = TRAIN / "loop.py"
 
 
@@ -114,7 +114,7 @@ def _reachable_configs(root: object) -> list[str]:
             cells = value.__closure__ or ()
             children = [(f"{path}<{n}>", c.cell_contents) for n, c in zip(value.__code__.co_freevars, cells)]
         elif hasattr(value, "__dict__") and (
-            type(value).__module__.startswith(("common.", "torch.optim"))
+            type(value).__module__.startswith(("common.", "trainer.", "torch.optim"))
             or isinstance(value, torch.nn.Module)
         ):
             children = [(f"{path}.{k}", v) for k, v in vars(value).items()]

@@ -1,6 +1,6 @@
 """Every method of the six papers in a user's own training loop (``strategy.optimizer(model, ...)``,
 ``loss.backward()``, ``optimizer.step()``; no thinwire loop) gives the parameters the thinwire loop
-(``common.train.train``) gives on the same data and seed, on real gloo ranks (2; MATCHA's ring 4)."""
+(``trainer.train``) gives on the same data and seed, on real gloo ranks (2; MATCHA's ring 4)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ import pytest
 import torch
 from torch import nn
 
-from common.data import load_dataset
-from common.data.sampling import epoch_batches
-from common.distributed import DistContext, seed_everything
-from common.methods import checked_config
-from common.models import build_model
-from common.train import MODEL_FILE, default_strategy, train
 from tests.distributed import run_ranks
+from trainer import MODEL_FILE, default_strategy, train
+from trainer.checks import checked_config
+from trainer.data import load_dataset
+from trainer.data.sampling import epoch_batches
+from trainer.distributed import DistContext, seed_everything
+from trainer.models import build_model
 
 BASE = {
     "dataset": "mnist",

@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from common.data.augment import augment_batch, augment_generator
-from common.methods import checked_config
+from trainer.checks import checked_config
+from trainer.data.augment import augment_batch, augment_generator
 
 
 def test_every_image_is_a_window_of_its_padded_self_possibly_flipped():

@@ -1,4 +1,4 @@
-"""Tests of common.data: real MNIST/Fashion-MNIST/PTB/Tiny Shakespeare from ../shared/data, CIFAR-10's
+"""Tests of trainer.data: real MNIST/Fashion-MNIST/PTB/Tiny Shakespeare from ../shared/data, CIFAR-10's
 decoder on a synthetic tarball, the decode-once cache, integrity errors and epoch_batches.
 
 Every test points THINWIRE_CACHE at a temporary folder; the real-data ones share one per session so
@@ -25,17 +25,17 @@ import pytest
 import torch
 from PIL import Image
 
-import common.data.idx
-import common.data.integrity
-from common.data import DATASETS, DataError, ImageDataset, TextDataset, epoch_batches, load_dataset
-from common.data.cifar import JpegTarImageSource, read_image_tar
-from common.data.integrity import KNOWN_SHA256
+import trainer.data.idx
+import trainer.data.integrity
 from common.paths import data_root
+from trainer.data import DATASETS, DataError, ImageDataset, TextDataset, epoch_batches, load_dataset
+from trainer.data.cifar import JpegTarImageSource, read_image_tar
+from trainer.data.integrity import KNOWN_SHA256
 
 REAL_ROOT = data_root()
 MNIST_TRAIN_COUNTS = [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
 MNIST_TEST_COUNTS = [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
-READ_IDX = common.data.idx.read_idx
+READ_IDX = trainer.data.idx.read_idx
 CIFAR_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 
 
@@ -133,8 +133,8 @@ def test_second_load_comes_from_the_cache(cold_cache: Path, monkeypatch: pytest.
         raise AssertionError("the source was read again")
 
     # Neither decoded nor even re-hashed: the digest is remembered by (path, size, mtime).
-    monkeypatch.setattr(common.data.idx, "read_idx", must_not_run)
-    monkeypatch.setattr(common.data.integrity, "_hash_file", must_not_run)
+    monkeypatch.setattr(trainer.data.idx, "read_idx", must_not_run)
+    monkeypatch.setattr(trainer.data.integrity, "_hash_file", must_not_run)
     second = load_dataset("mnist", "test", root=REAL_ROOT)
     assert isinstance(first, ImageDataset) and isinstance(second, ImageDataset)
     assert torch.equal(first.images, second.images) and torch.equal(first.labels, second.labels)
@@ -153,7 +153,7 @@ def test_corrupt_or_truncated_cache_is_rebuilt(
         decodes.append(path)
         return READ_IDX(path, ndim)
 
-    monkeypatch.setattr(common.data.idx, "read_idx", counted_read_idx)
+    monkeypatch.setattr(trainer.data.idx, "read_idx", counted_read_idx)
     for damage in ("flip", "truncate"):
         data = bytearray(cached.read_bytes())
         if damage == "flip":
@@ -558,7 +558,7 @@ def test_idx_structure_is_checked(tmp_path: Path, header: bytes, payload: bytes,
     path = tmp_path / "bad-idx1-ubyte.gz"
     path.write_bytes(gzip.compress(header + payload))
     with pytest.raises(DataError, match=message):
-        common.data.idx.read_idx(path, ndim=1)
+        trainer.data.idx.read_idx(path, ndim=1)
 
 
 def test_xz_crc_error_is_a_data_error(tmp_path: Path) -> None:

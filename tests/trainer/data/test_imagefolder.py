@@ -14,9 +14,9 @@ import pytest
 import torch
 from PIL import Image
 
-import common.data.imagefolder as imagefolder
-from common.data import DATASETS, DataError, load_dataset
-from common.data.imagefolder import IMAGENET_MEAN, IMAGENET_STD, ImageFolderDataset, random_resized_crop_box
+import trainer.data.imagefolder as imagefolder
+from trainer.data import DATASETS, DataError, load_dataset
+from trainer.data.imagefolder import IMAGENET_MEAN, IMAGENET_STD, ImageFolderDataset, random_resized_crop_box
 
 # Created in this (unsorted) order; labels must follow the sorted order n01..., n04..., n09....
 WNIDS = ("n09999999", "n01000000", "n04444444")

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from common.data import epoch_batches, load_dataset
-from common.data.loader import epoch_loader
-from common.methods import checked_config
-from tests.common.data.test_imagefolder import tree  # noqa: F401  (the fixture: a small ILSVRC-like folder)
+from tests.trainer.data.test_imagefolder import tree  # noqa: F401  (the fixture: a small ILSVRC-like folder)
+from trainer.checks import checked_config
+from trainer.data import epoch_batches, load_dataset
+from trainer.data.loader import epoch_loader
 
 
 def _batches(n: int, batch: int, epoch: int) -> list[torch.Tensor]:

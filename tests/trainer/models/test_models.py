@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from common.models import MODELS, CifarResNet, build_model, count_parameters
+from trainer.models import MODELS, CifarResNet, build_model, count_parameters
 
 VOCAB = 50
 SEQ_LEN = 6
@@ -565,7 +565,7 @@ def test_the_lstm_trains_under_bf16_autocast_on_every_cpu(monkeypatch, supported
     """oneDNN has no bf16 LSTM on CPUs without AVX512-BF16 or AMX (the suite's Shakespeare runs
     failed there); the model then runs its recurrence in fp32 under bf16 autocast, exactly the
     fp32 LSTM's, and the rest in bf16."""
-    import common.models.language as models
+    import trainer.models.language as models
 
     if supported and not models.bf16_lstm_supported():
         pytest.skip("this CPU has no bf16 LSTM (the fp32 fallback is the other case)")
