@@ -32,8 +32,8 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -c "import torch, torchvision, triton, mlflow, dvc, transformers"
 	touch $@
 
-LINTED := common kernels harness papers pipelines tests benchmarks examples
-TYPED := common kernels harness papers pipelines
+LINTED := common trainer kernels harness papers pipelines tests benchmarks examples
+TYPED := common trainer kernels harness papers pipelines
 
 style: $(STAMP)
 	$(VENV)/bin/ruff check $(LINTED)

@@ -3,7 +3,7 @@
 YAML gives a bool for true/false, a number for 1 or 0.5, a string for "0.5" or no; a run's
 settings (:mod:`common.config`), a strategy's options (:mod:`common.options`), a compressor's
 options (its constructor's annotations, :func:`common.compressors.build_compressor`) and a model's
-(:func:`common.models.build_model`) are all checked against their declared types here, with a
+(:func:`trainer.models.build_model`) are all checked against their declared types here, with a
 message naming the setting and the type it takes.
 """
 

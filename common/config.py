@@ -19,11 +19,11 @@ from typing import Any
 from .checks import check_type
 
 OPTIMIZERS = ("sgd", "adamw")
-AUGMENTATIONS = ("none", "crop_flip", "flip_translate")  # common.data.augment (validation imports no torch)
+AUGMENTATIONS = ("none", "crop_flip", "flip_translate")  # trainer.data.augment (validation imports no torch)
 LR_SCHEDULES = ("constant", "cosine", "step", "linear")
-SAMPLINGS = ("epochs", "draws")  # common.data.sampling
+SAMPLINGS = ("epochs", "draws")  # trainer.data.sampling
 # bf16: autocast of the forward and backward; weights and gradients stay fp32. fp16: the same in
-# fp16, with a dynamic loss scale (common.loss_scale); a GPU option (on a CPU it is emulated).
+# fp16, with a dynamic loss scale (trainer.loss_scale); a GPU option (on a CPU it is emulated).
 PRECISIONS = ("fp32", "bf16", "fp16")
 
 
@@ -69,7 +69,7 @@ class RunConfig:
     # Compute, not communication: "bf16" runs forward and backward under autocast (weights,
     # gradients and everything a compressor sees stay fp32). channels_last: NHWC convolutions.
     # Both pay on CPUs with AMX/AVX-512 bf16 (measured 2.7x together on the suite's CIFAR net); a
-    # CPU without bf16 units computes a bf16 run in fp32 (common.train.compute_precision).
+    # CPU without bf16 units computes a bf16 run in fp32 (trainer.compute_precision).
     precision: str = "fp32"
     channels_last: bool = False
     # Hierarchical synchronisation (common.comm.hierarchy): a dense reduce inside each host, the
@@ -91,7 +91,7 @@ class RunConfig:
     first_step: int = 0  # draws only: the draw of the run's first step
     # None: each step's batch decoded in the training process. N >= 0: through a DataLoader with N
     # worker processes, prefetching (and pinned memory on CUDA): the same batches, decoded ahead
-    # (common.data.loader; sampling: epochs only). Changes no result, only where decoding runs.
+    # (trainer.data.loader; sampling: epochs only). Changes no result, only where decoding runs.
     data_workers: int | None = None
     train_limit: int | None = None  # first N training examples only (smoke/cpu scale)
     eval_limit: int | None = None

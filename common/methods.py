@@ -1,5 +1,5 @@
 """The one place a method is assembled: every sync strategy a run can name (``strategy:``), the
-checks of a whole run against the registries, and its typed options, parsed once.
+checks of a run's method against the registries, and its typed options, parsed once.
 
 A new strategy is one class with ``name``, ``needs``, ``ignores``, ``forces``, ``check_options``
 and ``from_config`` (:class:`~common.strategies.base.SyncStrategy`, which also says the one
@@ -7,17 +7,18 @@ constructor shape) and one entry here: the run's validation and the loop read on
 declarations.
 
 :class:`~common.config.RunConfig` is plain data with its own type and range checks; it imports
-nothing of the library above it. :func:`checked_config` (a run from a mapping, checked whole) and
-:func:`check_run` add what needs the registries: the dataset, model, compressor and transport
-names, the compressor's and the model's options (names and types; TernGrad's ``fp32_layers``
-against the model's parameters), and the strategy's options and declarations. :func:`check_run`
-returns the :class:`Method`: the strategy class, its typed options and the run's effective config
-(the settings the strategy ``forces`` at their forced values), which :func:`build_strategy` hands
-to ``from_config`` (never parsed again). A forced setting may be left at its RunConfig default
-(the forced value overrides it: DGC and DEF compress per tensor whatever ``compress_per_tensor``
-says while it is at its default, false) or set to the forced value; any other value is an error
-naming the setting and why. The run logs, and is checkpointed under, the effective config
-(:func:`effective_config`).
+nothing of the library above it. :func:`checked_config` (a run from a mapping, checked) and
+:func:`check_run` add what needs the method's registries: the compressor and transport names, the
+compressor's options (names and types), and the strategy's options and declarations. The data set
+and the model are the training loop's: ``trainer.checks`` checks a whole run (their names and
+options, TernGrad's ``fp32_layers`` against the model's parameters) and then calls
+:func:`check_run`. :func:`check_run` returns the :class:`Method`: the strategy class, its typed
+options and the run's effective config (the settings the strategy ``forces`` at their forced
+values), which :func:`build_strategy` hands to ``from_config`` (never parsed again). A forced
+setting may be left at its RunConfig default (the forced value overrides it: DGC and DEF compress
+per tensor whatever ``compress_per_tensor`` says while it is at its default, false) or set to the
+forced value; any other value is an error naming the setting and why. The run logs, and is
+checkpointed under, the effective config (:func:`effective_config`).
 
 A paper's own strategy is an entry ``"module:attribute"``: the library never imports a paper, it
 knows the paper's strategy by name only and imports it when a run asks for that name (as
@@ -28,15 +29,11 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from .config import RunConfig, yaml_spelling
-from .gossip import GossipStrategy
 from .options import Options
 from .strategies import (
     DataParallel,
@@ -46,6 +43,7 @@ from .strategies import (
     SyncStrategy,
     TorchHookDataParallel,
 )
+from .strategies.gossip import GossipStrategy
 
 #: name -> the strategy class, or ``"module:attribute"`` of a paper's, imported when asked for.
 STRATEGIES: dict[str, type[SyncStrategy] | str] = {
@@ -93,29 +91,21 @@ class Method:
 
 
 def checked_config(values: Mapping[str, Any]) -> RunConfig:
-    """A run from plain values (unknown keys refused), checked whole (:func:`check_run`)."""
+    """A run from plain values (unknown keys refused), its method checked (:func:`check_run`)."""
     config = RunConfig.from_dict(values)  # unknown keys, types and ranges
     check_run(config)
     return config
 
 
 def check_run(config: RunConfig) -> Method:
-    """Check ``config`` whole: its own types and ranges, the registries (each error lists the valid
-    names) and its strategy's declarations; fail before any process is started. Returns its
-    :class:`Method`."""
+    """Check ``config``'s method: its own types and ranges, the compressor and transport registries
+    (each error lists the valid names) and its strategy's declarations; fail before any process is
+    started. Returns its :class:`Method`. (Its data set and model: ``trainer.checks.check_run``.)"""
     from .comm.sync import TRANSPORTS
     from .compressors import build_compressor
-    from .compressors.base import check_fp32_layers
-    from .data import DATASETS
-    from .models import check_model_options
-    from .registry import lookup
 
     config.validate()
-    lookup(DATASETS, config.dataset, "dataset")
-    check_model_options(config.model, config.model_options)  # the model's name too
-    compressor = build_compressor(config.compressor, **config.compressor_options)  # names and types
-    if compressor.fp32_layers:
-        check_fp32_layers(compressor.fp32_layers, _parameter_names(config), f"of model {config.model!r}")
+    build_compressor(config.compressor, **config.compressor_options)  # names and types
     method = _check_strategy(config)
     if config.transport not in TRANSPORTS:
         raise ValueError(f"unknown transport {config.transport!r}; valid transports: {', '.join(TRANSPORTS)}")
@@ -132,26 +122,6 @@ def effective_config(config: RunConfig) -> RunConfig:
     when it has them already): what the run computes with, logs and is checkpointed under."""
     forced = {s: v for s, v, _ in strategy_class(config.strategy).forces if getattr(config, s) != v}
     return dataclasses.replace(config, **forced) if forced else config
-
-
-def _parameter_names(config: RunConfig) -> list[str]:
-    """The parameter names of ``config``'s model, built on the meta device (no memory, no
-    initialisation, no data read: milliseconds even for ResNet-50). Names do not depend on the
-    sizes, so a text set's vocabulary stands in at 2 entries, and a set whose shape is known only
-    once read (ImageNet's folder) at 3 x 224 x 224 with 1000 classes."""
-    from .data import DATASETS
-    from .models import MODELS, build_model
-
-    if "vocab_size" in inspect.signature(MODELS[config.model]).parameters:
-        sizes: dict[str, Any] = {"vocab_size": 2}
-    else:
-        source = DATASETS[config.dataset]
-        channels, size, _ = getattr(source, "input_shape", (3, 224, 224))
-        classes = len(getattr(source, "classes", ())) or 1000
-        sizes = {"num_classes": classes, "in_channels": channels, "image_size": size}
-    with torch.device("meta"):
-        model = build_model(config.model, **sizes, **config.model_options)
-    return [name for name, _ in model.named_parameters()]
 
 
 def _check_strategy(config: RunConfig) -> Method:

@@ -32,8 +32,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from common.comm import GradientSync, install_ddp_hook
 from common.compressors import build_compressor
-from common.data import load_dataset
 from common.strategies import DGCDataParallel
+from trainer.data import load_dataset
 
 
 def small_cnn() -> nn.Module:

@@ -40,8 +40,6 @@ import torch.distributed as dist
 from torch import nn
 
 from common.compressors import build_compressor
-from common.data import load_dataset
-from common.gossip import GossipStrategy
 from common.strategies import (
     DataParallel,
     DetachedEFDataParallel,
@@ -49,8 +47,10 @@ from common.strategies import (
     SparseDataParallel,
     SyncStrategy,
 )
+from common.strategies.gossip import GossipStrategy
 from papers.sparse_axonn.pruning import magnitude_masks
 from papers.sparse_axonn.strategies import CompactDataParallel
+from trainer.data import load_dataset
 
 METHODS = ("fp32", "terngrad", "qsgd", "dgc", "def", "def_a", "exdyna", "matcha", "sparse_axonn")
 

@@ -7,7 +7,7 @@ the cause where a restart cannot help), then, for such a cause, prints its trace
 
 - non-finite values: a NaN or inf loss or gradient, or a last evaluation that gives one
   (``FloatingPointError``), recurs from the same checkpoint with the same data;
-- no checkpoint to resume: :class:`~common.checkpoint.CheckpointError` (damaged on every step, or
+- no checkpoint to resume: :class:`~trainer.checkpoint.CheckpointError` (damaged on every step, or
   written by another world size);
 - a full disk (ENOSPC, EDQUOT) or a folder that cannot be written (EROFS, EACCES, EPERM);
 - bad options: a ``ValueError`` (validation, missing data).
@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from common.checkpoint import CheckpointError
+from trainer.checkpoint import CheckpointError
 
 FAILURES_ENV = "THINWIRE_FAILURES_DIR"  # where ranks record their failures (set by the launcher)
 EXIT_NO_RETRY = 79  # a rank's exit code for an error that a restart cannot fix

@@ -176,8 +176,8 @@ def plot(studies: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from common.plots import method_color
     from harness.report import save_panels
+    from trainer.plots import method_color
 
     fig, axes = plt.subplots(1, len(studies), figsize=(5.5 * len(studies), 4), squeeze=False)
     for ax, s in zip(axes[0], studies, strict=True):

@@ -43,7 +43,7 @@ import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from common.distributed import LAUNCHER_PID_ENV, RESTART_SAFE_ENV, kill_with_parent
+from trainer.distributed import LAUNCHER_PID_ENV, RESTART_SAFE_ENV, kill_with_parent
 
 from . import failures
 from .costmodel import parse_rate as parse_rate  # re-exported for the launcher

@@ -42,7 +42,7 @@ def log_report(pipeline: str, files: list[Path], metrics: dict[str, float] | Non
     """The report stage as its own MLflow run (named ``report``) in the pipeline's experiment: its
     tables and figures as artifacts, headline numbers as metrics. Returns the run id (None when
     tracking is unavailable: a report never fails for MLflow's sake)."""
-    from common.tracking import Tracker, git_sha
+    from trainer.tracking import Tracker, git_sha
 
     tracker = Tracker(pipeline, "report")
     run_id = tracker.start(

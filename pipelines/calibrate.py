@@ -62,8 +62,8 @@ def run_dir(rate: str, workers: int, method: str) -> Path:
 def worker(rate: str, scale: str | None) -> None:
     import dataclasses
 
-    from common.distributed import init_from_env, shutdown
-    from common.train import train
+    from trainer import train
+    from trainer.distributed import init_from_env, shutdown
 
     calibration = settings(scale)
     ctx = init_from_env()

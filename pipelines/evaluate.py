@@ -25,11 +25,11 @@ from collections.abc import Collection
 from pathlib import Path
 
 from common.fileio import atomic_write_json
-from common.tracking import Tracker, experiment_for, git_sha
-from common.train import MODEL_FILE, evaluate_trained, trained_model_file
 from harness.entry import quiet_environment, setup_logging
 from harness.folders import RESULTS_DIR, pipeline_name
 from harness.params import load_params
+from trainer import MODEL_FILE, evaluate_trained, trained_model_file
+from trainer.tracking import Tracker, experiment_for, git_sha
 
 
 def trained_runs(group_dir: Path, defined: Collection[str] | None = None) -> list[Path]:

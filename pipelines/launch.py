@@ -11,7 +11,7 @@ that a running launch holds (:mod:`harness.runlock`), and a run folder that cann
 process then runs torchrun's own ``main`` (what the ``torchrun`` script runs, with torch imported
 already: a smoke launch took 23.5 s against 24.4 s through a fresh ``torchrun``), so Ctrl-C and
 DVC's signals reach torchrun, which stops its workers; a SIGKILL of it kills them too (they die
-with their parent: :func:`common.distributed.die_with_parent`). A worker that dies is restarted up
+with their parent: :func:`trainer.distributed.die_with_parent`). A worker that dies is restarted up
 to ``max_restarts`` times and resumes from the last verified checkpoint; a worker whose peer hangs
 gives up after ``collective_timeout_s``. An error that a restart cannot fix (non-finite values, no
 intact checkpoint, a full or read-only disk, bad options) is not retried: the launch ends at once,
@@ -54,8 +54,6 @@ import os
 import sys
 import tempfile
 
-from common.data import load_dataset
-from common.distributed import LAUNCHER_PID_ENV, RESTART_SAFE_ENV
 from common.fileio import WriteError, check_writable
 from harness import failures, netem
 from harness.entry import quiet_environment
@@ -75,6 +73,8 @@ from pipelines.train import (
     parse_stretch,
     plan_repeats,
 )
+from trainer.data import load_dataset
+from trainer.distributed import LAUNCHER_PID_ENV, RESTART_SAFE_ENV
 
 
 def torchrun_args(pipeline: str, run: str, scale: str | None, nproc: int, max_restarts: int) -> list[str]:

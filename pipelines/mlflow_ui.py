@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from common.paths import REPO_ROOT
-from common.tracking import tracking_uri
+from trainer.tracking import tracking_uri
 
 # The UI's key for the switch (its local-storage hook adds "_v<version>") and the model-training value.
 VIEW_KEY = "mlflow.workflowType_v1"

@@ -15,11 +15,11 @@ import json
 from typing import Any
 
 from common.fileio import atomic_write_json, atomic_write_text
-from common.plots import plot_curves
 from harness.entry import quiet_environment
 from harness.folders import RESULTS_DIR, run_dir
 from harness.params import load_params
 from harness.report import read_csv
+from trainer.plots import plot_curves
 
 COLUMNS = [
     ("run", "run", "{}"),

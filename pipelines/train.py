@@ -20,14 +20,14 @@ from collections.abc import Callable
 from typing import Any
 
 from common.config import RunConfig, check_stop_at
-from common.distributed import init_from_env, shutdown
-from common.tracking import experiment_for
-from common.train import StepInfo, train
 from harness.entry import quiet_environment, setup_logging
 from harness.failures import recorded
 from harness.folders import RESULTS_DIR, artifacts_for, pipeline_name, scratch_dir
 from harness.params import STRETCHED, load_params, stretched
 from pipelines.common import inputs_dir, run_config, run_stage
+from trainer import StepInfo, train
+from trainer.distributed import init_from_env, shutdown
+from trainer.tracking import experiment_for
 
 OUT_DIR_ENV = "THINWIRE_OUT_DIR"
 RUN_NAME_ENV = "THINWIRE_RUN_NAME"

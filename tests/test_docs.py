@@ -38,7 +38,17 @@ REPO = Path(__file__).resolve().parent.parent
 #: Git-ignored things a command makes (the venv, caches, hand runs' outputs): never in a checkout.
 MADE_AT_RUN_TIME = {".venv", ".cache", "artifacts", "scratch", "mlflow.db", "mlruns", "mlartifacts"}
 #: Packages of the repository: a dotted name under one of them must resolve to its source.
-PACKAGES = {"common", "kernels", "papers", "pipelines", "benchmarks", "examples", "tests", "harness"}
+PACKAGES = {
+    "common",
+    "trainer",
+    "kernels",
+    "papers",
+    "pipelines",
+    "benchmarks",
+    "examples",
+    "tests",
+    "harness",
+}
 #: torchrun options that take no value (every other option before the script takes one).
 TORCHRUN_SWITCHES = {"--standalone", "--no-python", "--no_python", "--run-path", "--run_path"}
 DVC_COMMANDS = {"repro", "status", "metrics", "params", "plots", "dag", "config", "pull", "push", "exp", "gc"}
@@ -160,7 +170,7 @@ class Checker:
         return [], None
 
     def check_dotted(self, dotted: str) -> list[str]:
-        """``common.train.compute_precision``: the longest module prefix, then the next name in it."""
+        """``trainer.precision.autocast``: the longest module prefix, then the next name in it."""
         parts = dotted.split(".")
         for n in range(len(parts), 0, -1):
             source = self.module_file(".".join(parts[:n]))
@@ -396,7 +406,7 @@ def test_the_checker_finds_what_does_not_exist(tmp_path):
     (tmp_path / "examples").mkdir()
     (tmp_path / "examples" / "ex.py").write_text('add("--steps")\n')
     (tmp_path / "common" / "__init__.py").write_text("from .comm import install_ddp_hook\n")
-    (tmp_path / "common" / "train.py").write_text("def compute_precision(): ...\n")
+    (tmp_path / "common" / "precision.py").write_text("def compute_precision(): ...\n")
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "other.md").write_text("# Other\n\n## A section's title\n")
     page = tmp_path / "docs" / "guide.md"
@@ -413,9 +423,9 @@ def test_the_checker_finds_what_does_not_exist(tmp_path):
         "```python\n"
         "from common import install_ddp_hook, build_compressor\n"
         "```\n\n"
-        "Inline: `common/train.py`, `common/none.py`, `pipelines/<pipeline>/params.yaml`,\n"
-        "`common/train.py: compute_precision`, `common/train.py: train`, `common.train.compute_precision`,\n"
-        "`common.train.evaluate`, `ex.py --steps 3 --bogus`, `scratch/suite/` (made by a run), `.venv/bin/mlflow ui`, `density=0.01`.\n\n"
+        "Inline: `common/precision.py`, `common/none.py`, `pipelines/<pipeline>/params.yaml`,\n"
+        "`common/precision.py: compute_precision`, `common/precision.py: train`, `common.precision.compute_precision`,\n"
+        "`common.precision.evaluate`, `ex.py --steps 3 --bogus`, `scratch/suite/` (made by a run), `.venv/bin/mlflow ui`, `density=0.01`.\n\n"
         '<!-- from results/x.md "## Y" -->\n`common/generated.py` is the report\'s\n<!-- end -->\n\n'
         "[ok](other.md#a-sections-title) [bad anchor](other.md#nothing) [gone](gone.md) "
         "[web](https://example.org) [here](#guide)\n"
@@ -429,8 +439,8 @@ def test_the_checker_finds_what_does_not_exist(tmp_path):
         "docs/guide.md:9: path examples/missing.py does not exist",
         "docs/guide.md:13: common (common/__init__.py) has no 'build_compressor'",
         "docs/guide.md:16: path common/none.py does not exist",
-        "docs/guide.md:17: common/train.py has no 'train'",
-        "docs/guide.md:18: common.train (common/train.py) has no 'evaluate'",
+        "docs/guide.md:17: common/precision.py has no 'train'",
+        "docs/guide.md:18: common.precision (common/precision.py) has no 'evaluate'",
         "docs/guide.md:18: examples/ex.py has no option --bogus (not in examples/ex.py)",
         "docs/guide.md:24: link gone.md points at nothing",
         "docs/guide.md:24: link other.md#nothing: other.md has no heading with anchor #nothing",

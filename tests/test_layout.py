@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 from common.paths import REPO_ROOT
 
 
@@ -20,10 +22,11 @@ def _imports(path: Path) -> set[str]:
 
 
 # What each top-level package may never import: the arrows run pipelines -> papers -> harness ->
-# common -> kernels, one way.
+# trainer -> common -> kernels, one way.
 FORBIDDEN = {
-    "common": {"harness", "papers", "pipelines", "benchmarks", "tests"},
-    "kernels": {"harness", "papers", "pipelines", "benchmarks", "tests"},
+    "common": {"trainer", "harness", "papers", "pipelines", "benchmarks", "tests"},
+    "kernels": {"trainer", "harness", "papers", "pipelines", "benchmarks", "tests"},
+    "trainer": {"harness", "papers", "pipelines", "benchmarks", "tests"},
     "harness": {"papers", "pipelines", "benchmarks", "tests"},
     "papers": {"pipelines", "benchmarks", "tests"},
 }
@@ -40,7 +43,8 @@ def test_each_package_imports_only_below_it():
 
 
 def test_a_paper_never_imports_another_paper():
-    """Code two papers need lives in common/ or harness/; a paper imports only its own folder."""
+    """Code two papers need lives in common/, trainer/ or harness/; a paper imports only its own
+    folder."""
     offenders = []
     for path in sorted((REPO_ROOT / "papers").rglob("*.py")):
         parts = path.relative_to(REPO_ROOT / "papers").parts
@@ -59,7 +63,7 @@ def test_a_paper_never_imports_another_paper():
 
 def test_library_never_prints():
     offenders = []
-    for package in ("common", "kernels"):
+    for package in ("common", "trainer", "kernels"):
         for path in (REPO_ROOT / package).rglob("*.py"):
             tree = ast.parse(path.read_text())
             for node in ast.walk(tree):
@@ -71,9 +75,9 @@ def test_library_never_prints():
 TRAINERS = ("pipelines.launch", "pipelines.leaderboard", "pipelines.calibrate")
 
 
-def test_every_stage_that_trains_depends_on_the_library_the_harness_and_the_kernels():
-    """A fix in common/, harness/ (the launcher's network emulation and run lock) or kernels/ must
-    rerun every stage whose numbers it can change."""
+def test_every_stage_that_trains_depends_on_the_library_the_loop_the_harness_and_the_kernels():
+    """A fix in common/, trainer/ (the loop, data sets, models), harness/ (the launcher's network
+    emulation and run lock) or kernels/ must rerun every stage whose numbers it can change."""
     import yaml
 
     offenders = []
@@ -83,7 +87,7 @@ def test_every_stage_that_trains_depends_on_the_library_the_harness_and_the_kern
             if not any(trainer in stage["cmd"] for trainer in TRAINERS):
                 continue
             deps = stage.get("deps", [])
-            if "common" not in deps or "harness" not in deps or "kernels" not in deps:
+            if not {"common", "trainer", "harness", "kernels"} <= set(deps):
                 offenders.append(f"{path.relative_to(REPO_ROOT)}:{name}")
     assert offenders == []
 
@@ -183,6 +187,12 @@ def test_the_library_imports_no_circle():
     assert _circles("common") == []
 
 
+def test_the_training_loop_imports_no_circle():
+    """trainer/: its run checks (checks.py) import the data and model registries and common's
+    methods, never the loop's assembly."""
+    assert _circles("trainer") == []
+
+
 def test_config_and_options_import_nothing_above_them():
     from common.paths import REPO_ROOT as root
 
@@ -204,16 +214,18 @@ def test_harness_and_papers_import_no_circle():
     assert _circles("papers") == []
 
 
-def test_library_tests_mirror_the_library():
-    """tests/common/<pkg>/ tests common/<pkg>/; a module at tests/common/ tests a module at common/.
+@pytest.mark.parametrize("package", ["common", "trainer"])
+def test_tests_mirror_the_library_and_the_loop(package):
+    """tests/<package>/<pkg>/ tests <package>/<pkg>/; a module at tests/<package>/ tests a module at
+    <package>/ (common/: the library; trainer/: the loop).
 
-    A test folder that names no package of the library (a typo, a package that moved) fails here,
-    and no library test imports a paper, the harness or a pipeline.
+    A test folder that names no package (a typo, a package that moved) fails here, and no test of
+    the library or of the loop imports a paper, the harness or a pipeline.
     """
-    tests_root = REPO_ROOT / "tests" / "common"
+    tests_root = REPO_ROOT / "tests" / package
     folders = sorted(p.name for p in tests_root.iterdir() if p.is_dir() and p.name != "__pycache__")
-    missing = [name for name in folders if not (REPO_ROOT / "common" / name / "__init__.py").is_file()]
-    assert missing == [], f"tests/common/ folders with no common/<folder>/ package: {missing}"
+    missing = [name for name in folders if not (REPO_ROOT / package / name / "__init__.py").is_file()]
+    assert missing == [], f"tests/{package}/ folders with no {package}/<folder>/ package: {missing}"
     offenders = [
         f"{path.relative_to(REPO_ROOT)} imports {sorted(bad)}"
         for path in sorted(tests_root.rglob("*.py"))
@@ -224,9 +236,11 @@ def test_library_tests_mirror_the_library():
 
 def test_library_modules_and_functions_stay_small():
     """STYLE.md: a module past ~400 lines or a function past ~60 is asking to be split. In common/
-    none is; one that must be says why in a comment ``# long: <why>`` on its ``def`` line."""
+    and trainer/ none is; one that must be says why in a comment ``# long: <why>`` on its ``def``
+    line."""
     long_modules, long_functions = [], []
-    for path in sorted((REPO_ROOT / "common").rglob("*.py")):
+    paths = [*(REPO_ROOT / "common").rglob("*.py"), *(REPO_ROOT / "trainer").rglob("*.py")]
+    for path in sorted(paths):
         lines = path.read_text().splitlines()
         name = str(path.relative_to(REPO_ROOT))
         if len(lines) > 400:

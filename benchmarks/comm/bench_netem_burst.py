@@ -21,8 +21,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from common.fileio import atomic_write_text  # noqa: E402
-from common.tracking import git_sha  # noqa: E402
 from harness import netem  # noqa: E402
+from trainer.tracking import git_sha  # noqa: E402
 
 
 def measure(workers: int, rate: str, burst: int, mbytes: float, repeats: int, out: Path) -> list[float]:

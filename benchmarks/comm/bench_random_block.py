@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO))
 from common.compressors import build_compressor  # noqa: E402
 from common.compressors.base import CompressorRNG  # noqa: E402
 from common.fileio import atomic_write_text  # noqa: E402
-from common.tracking import git_sha  # noqa: E402
+from trainer.tracking import git_sha  # noqa: E402
 
 SIZES = (10**5, 10**6, 10**7)
 DENSITIES = (1 / 16, 1 / 64)

@@ -6,7 +6,7 @@ Why: the suite's CIFAR-10 runs took 1.15-1.6x fp32's time per run (results/suite
 beside other work), and the budget of issue 17 asked whether compression is what costs. Here every
 method is the suite's own run configuration (``pipelines/suite/params.yaml``: airbench width 16,
 bf16 autocast, channels_last, 256 images per rank, the per-tensor compression in one bucket, the
-strategy's own update), built by ``common.train.default_strategy`` and stepped as the loop steps it
+strategy's own update), built by ``trainer.default_strategy`` and stepped as the loop steps it
 (zero_grad, forward + backward under autocast, after_backward, SGD, after_step) on fixed random
 batches (data loading and augmentation are the same for every method and are left out). The
 methods take turns step by step, in an order rotated every cycle, so the load of other processes
@@ -27,9 +27,9 @@ import torch.distributed as dist
 from _bench_util import RESULTS_DIR, git_sha, init_gloo, load_average, log0, now_iso, quartiles
 from torch import nn
 
-from common.models import build_model
-from common.train import autocast, default_strategy
 from pipelines.train import resolve_config
+from trainer import autocast, default_strategy
+from trainer.models import build_model
 
 METHODS = ("fp32", "fp16", "terngrad", "qsgd2", "qsgd4", "qsgd8", "topk", "dgc", "def", "exdyna")
 

@@ -71,7 +71,7 @@ from torch.nn.parallel import DistributedDataParallel
 from common.comm import GradientSync, install_ddp_hook
 from common.comm.stats import PHASES
 from common.compressors import Compressor, Payload, build_compressor
-from common.models import build_model
+from trainer.models import build_model
 
 MODEL_SHAPES = {"resnet20": (3, 32), "mlp": (1, 28)}  # in_channels, image_size
 BASELINE = "ddp"

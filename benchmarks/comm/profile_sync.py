@@ -49,7 +49,7 @@ from _bench_util import (
 from common.comm import GradientSync, all_reduce_sum_, get_world_size
 from common.comm.stats import PHASES
 from common.compressors import build_compressor
-from common.models import build_model
+from trainer.models import build_model
 
 MODEL_SHAPES = {"resnet20": (3, 32), "mlp": (1, 28)}
 

@@ -8,7 +8,7 @@ normalisation) and an ImageNet-shaped folder of JPEGs made here (``--images`` ra
 500 x 375, ImageNet's typical size, in 10 class folders; the train transform: random resized crop
 to 224 and flip, decoded by ``--decode-threads`` threads per process). For each, the batches of one
 epoch's sampler (batch 32, seed 0) are read ``--batches`` at a time: in process
-(``get_batch``, the loop's default), and through ``common.data.loader.epoch_loader`` with 0, 1 and 2
+(``get_batch``, the loop's default), and through ``trainer.data.loader.epoch_loader`` with 0, 1 and 2
 worker processes. Nothing trains: this is the input side alone, on this machine's cores.
 Reported: images per second (median of ``--repeats``).
 """
@@ -30,9 +30,9 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "comm"))
 from _bench_util import git_sha, load_average, now_iso, write_markdown
 
-from common.data import epoch_batches, load_dataset
-from common.data.imagefolder import DECODE_THREADS_ENV
-from common.data.loader import epoch_loader
+from trainer.data import epoch_batches, load_dataset
+from trainer.data.imagefolder import DECODE_THREADS_ENV
+from trainer.data.loader import epoch_loader
 
 
 def make_jpegs(root: Path, count: int) -> None:

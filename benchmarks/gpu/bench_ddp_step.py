@@ -111,8 +111,8 @@ from _bench_util import REPO_ROOT, RESULTS_DIR, append_rows, git_sha, now_iso, q
 
 from common.comm import install_ddp_hook
 from common.compressors import build_compressor
-from common.models import build_model
 from common.strategies import DGCDataParallel
+from trainer.models import build_model
 
 TORCH_HOOKS = ("torch_fp16", "torch_bf16", "torch_powersgd_r2", "torch_powersgd_r2_batched")
 # thinwire's methods through install_ddp_hook(model, name, **options)

@@ -28,7 +28,7 @@ from torch import nn
 
 from common.comm import GradientSync
 from common.compressors import build_compressor
-from common.models import build_model
+from trainer.models import build_model
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "gpu_models.md"
 

@@ -1,4 +1,4 @@
-"""Sync strategies: what crosses the wire in a training step, plugged into ``common.train``.
+"""Sync strategies: what crosses the wire in a training step, plugged into ``trainer``.
 
 - :class:`DataParallel`: every gradient averaged through a GradientSync (any compressor, optional
   error feedback);
@@ -8,7 +8,10 @@
   (ExDyna's exclusive dynamic partitions, top-k, DGC's threshold, a hard threshold, CLT-k);
 - :class:`DetachedEFDataParallel`: error feedback on the momentum update with a detached gradient
   point (DEF, DEF-A; Xu & Huang 2022), classic EF at mu = 0;
-- :class:`TorchHookDataParallel`: PyTorch's own DDP comm hooks (fp16, bf16, PowerSGD), the peers.
+- :class:`TorchHookDataParallel`: PyTorch's own DDP comm hooks (fp16, bf16, PowerSGD), the peers;
+- ``gossip.GossipStrategy``: decentralized SGD (MATCHA, vanilla, periodic) over a topology's
+  matchings (:mod:`common.topology`); imported from its module, so that importing this package
+  does not import networkx.
 
 A paper's own strategies live in its folder (sparse AxoNN's ``compact`` and ``pipeline``:
 ``papers/sparse_axonn/strategies/``), registered by name in :mod:`common.methods`.

@@ -1,4 +1,4 @@
-"""Sync strategies: what crosses the wire in a training step, plugged into ``common.train``.
+"""Sync strategies: what crosses the wire in a training step, plugged into ``trainer``.
 
 The training loop calls, each step: ``forward_backward`` -> ``after_backward`` -> optimizer step
 -> ``after_step``. Data-parallel methods average gradients in ``after_backward``; gossip methods

@@ -1,5 +1,5 @@
 """Topology math for decentralized SGD and MATCHA (Wang et al., arXiv 1905.09435): pure numpy,
-networkx and cvxpy (matplotlib only inside :func:`plot_spectrum`); no torch.
+networkx and cvxpy; no torch, no matplotlib (MATCHA's spectral figure is papers/matcha/spectrum.py).
 
 MATCHA in four steps, all precomputed before training (:func:`plan`):
 
@@ -43,7 +43,6 @@ from .mixing import (
     spectral_norm_rho,
     vanilla_weight,
 )
-from .plots import plot_spectrum
 
 __all__ = [
     "PAPER_GRAPHS",
@@ -72,7 +71,6 @@ __all__ = [
     "periodic_activations",
     "periodic_period",
     "plan",
-    "plot_spectrum",
     "random_geometric",
     "ring",
     "spectral_norm_rho",

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from common.paths import REPO_ROOT
-from common.plots import method_color, readable_log_axis
 from harness import length
 from harness.claims import (
     PaperReport,
@@ -42,6 +41,7 @@ from harness.claims import (
 )
 from harness.report import save_panels
 from harness.verdict import Claim, LongerTraining
+from trainer.plots import method_color, readable_log_axis
 
 PIPELINE = "dgc_qsgd"
 VARIANTS = {

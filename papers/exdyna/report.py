@@ -22,7 +22,6 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from common.plots import method_color
 from harness.claims import (
     PaperReport,
     Runs,
@@ -39,6 +38,7 @@ from harness.claims import (
 )
 from harness.report import save_panels
 from harness.verdict import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, LongerTraining
+from trainer.plots import method_color
 
 PIPELINE = "exdyna"
 SELECTORS = {

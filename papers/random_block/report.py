@@ -26,7 +26,6 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from common.plots import method_color, readable_log_axis
 from harness import length
 from harness.claims import (
     PaperReport,
@@ -44,6 +43,7 @@ from harness.claims import (
 )
 from harness.report import save_panels
 from harness.verdict import Claim, LongerTraining
+from trainer.plots import method_color, readable_log_axis
 
 PIPELINE = "random_block"
 METHODS = {"ef": "classic EF (mu 0)", "def": "DEF (mu 0.3)", "defa": "DEF-A (mu 0.3, averaged every step)"}

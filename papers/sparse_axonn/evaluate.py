@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from common.fileio import atomic_write_json
-from common.tracking import Tracker, experiment_for, git_sha
+from trainer.tracking import Tracker, experiment_for, git_sha
 
 from .config import ScaleConfig
 from .model import build_gpt2, evaluate, load_split

@@ -1,6 +1,6 @@
 """The model, the batches and the evaluation that the prune and train stages share.
 
-The model is ``transformers.GPT2LMHeadModel`` itself (not ``common.models.GPT2LanguageModel``,
+The model is ``transformers.GPT2LMHeadModel`` itself (not ``trainer.models.GPT2LanguageModel``,
 which wraps it and ties the output matrix): :class:`~papers.sparse_axonn.pipeline_stages.GPT2Stage`
 splits this one, and the mask files are keyed by its parameter names
 (``transformer.h.0.attn.c_attn.weight``...).
@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from common.data import load_dataset
-from common.data.text import TextDataset
+from trainer.data import load_dataset
+from trainer.data.text import TextDataset
 
 from .config import ModelConfig, ScaleConfig
 

@@ -37,10 +37,10 @@ import torch
 from torch import Tensor, nn
 
 from common.comm import CommStats
-from common.distributed import seed_everything
 from common.fileio import atomic_write, atomic_write_json, atomic_write_text
-from common.tracking import Tracker, experiment_for, git_sha
 from harness.verdict import plateau
+from trainer.distributed import seed_everything
+from trainer.tracking import Tracker, experiment_for, git_sha
 
 from .compact import CompactTraining
 from .config import ScaleConfig

@@ -7,7 +7,7 @@ Launched like every other run: ``params.yaml`` names this module (``runs_module:
 asks it for each run's config (:func:`stage_config`, which first checks the prune stage's masks and
 rewind state in ``--inputs``, default ``results/sparse_axonn``, against the model: a mask that does
 not fit fails there, before any rank starts) and its ranks train each run through
-:func:`train_run`: the thinwire loop (:func:`common.train.train`) with ``strategy: pipeline``
+:func:`train_run`: the thinwire loop (:func:`trainer.train`) with ``strategy: pipeline``
 (:class:`~papers.sparse_axonn.strategies.pipeline.PipelineDataParallel`), each rank one stage,
 checkpointed, restartable and tracked like every other run, plus this stage's measurements.
 
@@ -45,12 +45,12 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from common.config import RunConfig
-from common.distributed import DistContext, barrier
 from common.fileio import atomic_write_json, atomic_write_text
-from common.methods import checked_config
 from common.paths import REPO_ROOT
-from common.tracking import Tracker
-from common.train import StepInfo, train, trained_model_file
+from trainer import StepInfo, train, trained_model_file
+from trainer.checks import checked_config
+from trainer.distributed import DistContext, barrier
+from trainer.tracking import Tracker
 
 from .config import RunSpec, ScaleConfig
 from .model import build_gpt2, evaluate, load_split

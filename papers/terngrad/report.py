@@ -20,7 +20,6 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from common.plots import method_color, readable_log_axis
 from harness import costmodel
 from harness.claims import (
     PaperReport,
@@ -41,6 +40,7 @@ from harness.params import load_params
 from harness.report import save_panels
 from harness.verdict import Claim, LongerTraining
 from papers.terngrad import perf_model
+from trainer.plots import method_color, readable_log_axis
 
 PIPELINE = "terngrad"
 VARIANTS = {

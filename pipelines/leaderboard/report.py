@@ -7,11 +7,11 @@ import math
 from pathlib import Path
 from typing import Any
 
-from common.plots import method_color
 from harness import costmodel
 from harness.claims import suite_tasks
 from harness.report import save_panels
 from pipelines.leaderboard.training import Settings
+from trainer.plots import method_color
 
 
 def _fmt(value: Any, spec: str) -> str:

@@ -21,7 +21,6 @@ from common.options import Options
 from common.paths import REPO_ROOT
 from common.strategies import DataParallel, SyncStrategy
 from common.strategies.base import MethodNeeds
-from common.train import default_strategy
 from tests.distributed import run_ranks
 from tests.helpers.strategies import (
     assert_one_constructor_shape,
@@ -29,6 +28,7 @@ from tests.helpers.strategies import (
     sync_settings_mismatches,
     undeclared_sync_settings,
 )
+from trainer import default_strategy
 
 
 def test_terngrad_declares_its_rounds_and_the_others_declare_none():
@@ -107,7 +107,7 @@ def test_the_library_imports_a_papers_strategy_only_when_a_run_names_it():
     code = (
         "import sys\n"
         "from common.methods import checked_config\n"
-        "from common.train import default_strategy\n"
+        "from trainer import default_strategy\n"
         "default_strategy(checked_config({'strategy': 'dgc', 'compressor': 'dgc', "
         "'compressor_options': {'density': 0.01}}))\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('papers', 'pipelines')))\n"
@@ -133,7 +133,7 @@ class _OwnOptions(Options):
 
 
 class _OwnUpdate(SyncStrategy):
-    """A new strategy: declarations only, no name of it anywhere in config.py or common/train/."""
+    """A new strategy: declarations only, no name of it anywhere in config.py or trainer/."""
 
     name = "own_update"
     needs = MethodNeeds(update="own", memory="own", own_memory="a test's residual")
@@ -227,11 +227,12 @@ def test_a_runs_options_are_parsed_once_and_handed_to_its_strategy(monkeypatch):
 
 
 def test_run_config_alone_imports_no_registry():
-    """RunConfig checks types and ranges only; a bad name is an error of checked_config."""
+    """RunConfig checks types and ranges only; a bad name is an error of checked_config (a bad
+    model's: tests/trainer/test_checks.py)."""
     from common.config import RunConfig
 
-    config = RunConfig.from_dict({"model": "no_such_model"})
-    with pytest.raises(ValueError, match="unknown model 'no_such_model'"):
+    config = RunConfig.from_dict({"compressor": "no_such_compressor"})
+    with pytest.raises(ValueError, match="unknown compressor 'no_such_compressor'"):
         checked_config(config.to_dict())
 
 

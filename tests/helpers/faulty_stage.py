@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from common.config import RunConfig
-from common.train import StepInfo, train
 from tests.helpers.train_once import CONFIG
+from trainer import StepInfo, train
 
 KILL_AT_STEP = 1
 MAX_RESTARTS = 3

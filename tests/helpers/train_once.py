@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 
 from common.config import RunConfig
-from common.distributed import shutdown
-from common.methods import checked_config
-from common.train import StepInfo, train
+from trainer import StepInfo, train
+from trainer.checks import checked_config
+from trainer.distributed import shutdown
 
 CONFIG = {
     "dataset": "mnist",

@@ -58,7 +58,7 @@ def test_a_first_visit_lists_the_runs(tmp_path: Path) -> None:
     opening an experiment sees its runs: the model-training view, not GenAI's Evaluation runs."""
     from mlflow.tracking import MlflowClient
 
-    from common.tracking import ensure_experiment
+    from trainer.tracking import ensure_experiment
 
     uri = fresh_store(tmp_path)
     client = MlflowClient(uri)

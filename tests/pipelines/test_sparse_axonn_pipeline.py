@@ -221,9 +221,9 @@ def test_pruned_weights_stay_zero_and_the_runs_report_what_they_measured(trained
 
 def test_two_stages_by_two_replicas_train_like_one_process(pruned, trained, tmp_path, monkeypatch):
     """The 2x2 run's losses and final perplexity against the same run trained here in one process."""
-    from common.distributed import DistContext
     from papers.sparse_axonn.config import RunSpec
     from papers.sparse_axonn.train import load_data, train_paper_run
+    from trainer.distributed import DistContext
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # refused at once: no tracking
     config, _ = load_config("smoke")

@@ -102,9 +102,9 @@ def test_every_run_composes_and_fp32_layers_name_real_parameters():
     """The paper-scale runs cannot run here (no ImageNet, no cluster): check what can be checked."""
     import torch
 
-    from common.models import build_model
     from harness.params import load_params
     from pipelines.train import resolve_config
+    from trainer.models import build_model
 
     params = load_params("terngrad")
     for scale in params["scales"]:

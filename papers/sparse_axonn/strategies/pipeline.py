@@ -136,7 +136,7 @@ def check_pipeline_options(options: Any, world_size: int) -> PipelineOptions:
 
 def _language_model(model: nn.Module) -> nn.Module:
     """The ``transformers.GPT2LMHeadModel`` inside ``model`` (a ``gpt2_small``), or ``model`` itself."""
-    from common.models import GPT2LanguageModel
+    from trainer.models import GPT2LanguageModel
 
     return model.gpt2 if isinstance(model, GPT2LanguageModel) else model
 

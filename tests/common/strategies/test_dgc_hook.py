@@ -33,7 +33,7 @@ def _strategy(options: dict) -> DGCDataParallel:
 def _both(rank: int, world: int, options: dict) -> dict:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    # the thinwire loop's calls (common/train/): setup, param_groups, set_epoch, after_backward
+    # the thinwire loop's calls (trainer/): setup, param_groups, set_epoch, after_backward
     loop_model, loop = _model(), _strategy(options)
     loop.setup(loop_model)
     loop_opt = torch.optim.SGD(loop.param_groups(loop_model), lr=LR, momentum=MOMENTUM, weight_decay=WD)

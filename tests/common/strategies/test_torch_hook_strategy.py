@@ -10,14 +10,14 @@ import pytest
 import torch
 from torch import nn
 
-from common.data import load_dataset
-from common.data.sampling import epoch_batches
-from common.distributed import DistContext, seed_everything
 from common.methods import checked_config
-from common.models import build_model
 from common.strategies import TorchHookDataParallel
-from common.train import MODEL_FILE, default_strategy, train
 from tests.distributed import run_ranks
+from trainer import MODEL_FILE, default_strategy, train
+from trainer.data import load_dataset
+from trainer.data.sampling import epoch_batches
+from trainer.distributed import DistContext, seed_everything
+from trainer.models import build_model
 
 BASE = {
     "dataset": "mnist",

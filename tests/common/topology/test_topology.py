@@ -35,7 +35,6 @@ from common.topology import (
     paper_matchings,
     periodic_activations,
     plan,
-    plot_spectrum,
     random_geometric,
     ring,
     spectral_norm_rho,
@@ -313,15 +312,7 @@ def test_periodic_and_vanilla_activations():
         periodic_activations(3, 12, 0.0)
 
 
-# --- plot and purity ----------------------------------------------------------------------------------
-
-
-def test_plot_spectrum(tmp_path):
-    path = tmp_path / "spectrum.png"
-    plot_spectrum([paper0_plan(b) for b in BUDGETS], path)
-    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    with pytest.raises(ValueError, match="share one graph"):
-        plot_spectrum([paper0_plan(0.5), decomposed_plan("ring8", 0.5)], path)
+# --- purity -----------------------------------------------------------------------------------------
 
 
 def test_package_never_imports_torch():

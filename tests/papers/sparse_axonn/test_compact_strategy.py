@@ -10,16 +10,16 @@ import pytest
 import torch
 from torch import nn
 
-from common.data import load_dataset
-from common.data.sampling import epoch_batches
-from common.distributed import DistContext, seed_everything
 from common.methods import checked_config
-from common.models import build_model
-from common.train import MODEL_FILE, default_strategy, train
 from papers.sparse_axonn.pruning import apply_masks, load_masks, magnitude_masks, save_masks
 from papers.sparse_axonn.strategies import CompactDataParallel
 from tests.distributed import run_ranks
 from tests.helpers.strategies import assert_scheduled_lr_survives_a_resume
+from trainer import MODEL_FILE, default_strategy, train
+from trainer.data import load_dataset
+from trainer.data.sampling import epoch_batches
+from trainer.distributed import DistContext, seed_everything
+from trainer.models import build_model
 
 BASE = {
     "dataset": "mnist",

@@ -14,16 +14,16 @@ import pytest
 import torch
 
 from common.config import RunConfig
-from common.data import load_dataset
-from common.data.sampling import epoch_batches
-from common.distributed import DistContext, seed_everything
 from common.methods import checked_config
-from common.models import build_model
-from common.train import MODEL_FILE, StepInfo, evaluate_trained, train
 from papers.sparse_axonn.compact import CompactTraining
 from papers.sparse_axonn.pipeline_stages import GPT2Stage, PipelineTrainer, ProcessGrid, flat_all_reduce_grads
 from papers.sparse_axonn.pruning import apply_masks, load_masks, magnitude_masks, save_masks
 from tests.distributed import run_ranks
+from trainer import MODEL_FILE, StepInfo, evaluate_trained, train
+from trainer.data import load_dataset
+from trainer.data.sampling import epoch_batches
+from trainer.distributed import DistContext, seed_everything
+from trainer.models import build_model
 
 N_LAYER, N_EMBD, SEQ, BATCH, MICRO, STEPS, LR, WARMUP = 4, 32, 16, 8, 2, 6, 3e-3, 2
 MODEL_OPTIONS = {
@@ -240,7 +240,7 @@ def test_bad_pipeline_runs_are_rejected_before_anything_starts(over, message):
 
 
 def test_missing_masks_name_the_file(tmp_path):
-    from common.train import default_strategy
+    from trainer import default_strategy
 
     config = _config(str(tmp_path / "none.pt"))
     with pytest.raises(FileNotFoundError, match="none.pt does not exist: run the prune stage first"):
@@ -250,8 +250,8 @@ def test_missing_masks_name_the_file(tmp_path):
 def test_drawn_batches_are_the_paper_stages_global_batch_split_over_the_replicas():
     """``sampling: draws``: the shares of a step, in replica order, are the sparse AxoNN stage's
     global batch of that step (papers.sparse_axonn.model.batch)."""
-    from common.data import drawn_batch
     from papers.sparse_axonn.model import batch
+    from trainer.data import drawn_batch
 
     data = load_dataset("tinyshakespeare", "train", limit=512, seq_len=SEQ)
     for step in (0, 7, 3999):

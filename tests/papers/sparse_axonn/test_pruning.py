@@ -51,7 +51,7 @@ def test_prunable_parameters_are_the_weight_matrices_only():
     assert names == expected  # Conv1D weights in, biases and LayerNorms out, lm_head tied to wte
     assert "lm_head.weight" not in dict(gpt2.named_parameters())
 
-    from common.models import GPT2LanguageModel  # the library's wrapper: same weights, one prefix
+    from trainer.models import GPT2LanguageModel  # the library's wrapper: same weights, one prefix
 
     wrapped = GPT2LanguageModel(vocab_size=64, n_embd=32, n_positions=32)
     assert [n for n, _ in prunable_parameters(wrapped)] == [f"gpt2.{n}" for n in expected]

@@ -12,14 +12,14 @@ import torch
 
 from common.config import RunConfig
 from common.methods import STRATEGIES, checked_config, strategy_class
-from common.models import build_model
 from common.options import Options
 from common.paths import REPO_ROOT
 from common.strategies.base import MethodNeeds
-from common.train import default_strategy
 from papers.sparse_axonn.pruning import load_masks, magnitude_masks, save_masks
 from papers.sparse_axonn.strategies import CompactDataParallel, PipelineDataParallel
 from tests.helpers.strategies import assert_one_constructor_shape, undeclared_sync_settings
+from trainer import default_strategy
+from trainer.models import build_model
 
 PAPER_STRATEGIES = {"compact": CompactDataParallel, "pipeline": PipelineDataParallel}
 
@@ -72,7 +72,7 @@ def test_the_papers_module_is_imported_only_once_a_run_names_it(tmp_path):
     code = (
         "import sys\n"
         "from common.methods import checked_config\n"
-        "from common.train import default_strategy\n"
+        "from trainer import default_strategy\n"
         "loaded = lambda: 'papers.sparse_axonn.strategies.compact' in sys.modules\n"
         "checked_config({'strategy': 'data_parallel'})\n"
         "before = loaded()\n"
