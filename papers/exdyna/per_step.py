@@ -78,7 +78,7 @@ def run_row(
         "_train": [seed_runs[s]["train"] for s in sorted(seed_runs)],
     }
     for key in FIGURES:
-        found = [f[key] for f in per_seed.values() if f[key] is not None]
+        found = [v for f in per_seed.values() if (v := f[key]) is not None]
         mean, half = mean_interval(found) if found else (None, None)
         row[key], row[f"{key}_half"] = mean, half
     return row
