@@ -57,6 +57,30 @@ def load_runs(root: Path, *, require_evaluation: bool = True) -> Runs:
     return dict(runs)
 
 
+# What a claim's metric is measured in: the unit written after a number and its decimals. The suite's
+# tasks use accuracy (points) and loss (nats); the papers' own claims also judge times and ratios.
+UNITS: dict[str, tuple[str, int]] = {
+    "accuracy": (" pts", 2),
+    "loss": (" nats", 4),
+    "seconds": (" s", 2),
+    "ms": (" ms", 3),
+    "ratio": ("x", 3),
+}
+
+
+def unit(metric: str) -> tuple[str, int]:
+    """``metric``'s unit and decimals (:data:`UNITS`)."""
+    if metric not in UNITS:
+        raise ValueError(f"unknown claim metric {metric!r}; valid: {', '.join(UNITS)}")
+    return UNITS[metric]
+
+
+def format_value(value: float, metric: str, *, signed: bool = False) -> str:
+    """A value of ``metric`` with its decimals (signed: a difference), without the unit."""
+    decimals = unit(metric)[1]
+    return f"{value:+.{decimals}f}" if signed else f"{value:.{decimals}f}"
+
+
 def metric_value(evaluation: dict[str, float], metric: str) -> float:
     """A task's metric from an evaluation: accuracy in points, or test loss in nats."""
     if metric == "accuracy":
@@ -144,6 +168,7 @@ def judge_claim(
 ) -> dict[str, Any]:
     """One claim's row: ``method - baseline`` with its 95 % interval and the verdict
     (``convergence``: the baseline's convergence check, when the baseline is the suite's fp32)."""
+    unit(metric)  # a known metric, before any arithmetic
     diff = difference(method, baseline)
     verdict = judge(diff, claim, min_seeds=min_seeds_for(claim), baseline=convergence)
     return {
@@ -156,18 +181,14 @@ def judge_claim(
         "low": diff.low,
         "high": diff.high,
         "paired": diff.paired,
-        "bound": claim.describe(" pts" if metric == "accuracy" else " nats"),
+        "bound": claim.describe(unit(metric)[0]),
         "verdict": verdict.verdict,
         "reason": verdict.reason,
     }
 
 
-def _fmt(value: float, metric: str) -> str:
-    return f"{value:.2f}" if metric == "accuracy" else f"{value:.4f}"
-
-
 def claims_table(rows: list[dict[str, Any]]) -> str:
-    """The claims as a markdown table (accuracy in points, losses in nats)."""
+    """The claims as a markdown table (each in its metric's unit: :data:`UNITS`)."""
     lines = [
         "| claim | ours (mean) | against (mean) | seeds | Δ | 95 % interval | claim on Δ | verdict | why |",
         "|---|---:|---:|---|---:|---|---|---|---|",
@@ -175,12 +196,14 @@ def claims_table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         m = r["metric"]
         interval = (
-            "(1 seed: none)" if math.isnan(r["low"]) else f"[{_fmt(r['low'], m)}, {_fmt(r['high'], m)}]"
+            "(1 seed: none)"
+            if math.isnan(r["low"])
+            else f"[{format_value(r['low'], m)}, {format_value(r['high'], m)}]"
         )
         verdict = r["verdict"] if r["verdict"] == "inconclusive" else f"**{r['verdict']}**"
-        sign = f"{r['difference']:+.2f}" if m == "accuracy" else f"{r['difference']:+.4f}"
+        sign = format_value(r["difference"], m, signed=True)
         lines.append(
-            f"| {r['claim']} | {_fmt(r['method_mean'], m)} | {_fmt(r['baseline_mean'], m)} | "
+            f"| {r['claim']} | {format_value(r['method_mean'], m)} | {format_value(r['baseline_mean'], m)} | "
             f"{r['seeds'][0]} vs {r['seeds'][1]} | {sign} | {interval} | {r['bound']} | {verdict} | {r['reason']} |"
         )
     return "\n".join(lines) + "\n"

@@ -111,6 +111,19 @@ def difference(
     return Difference(estimate, estimate - half, estimate + half, m, b, False, df, confidence)
 
 
+def mean_interval(values: Sequence[float], *, confidence: float = 0.95) -> tuple[float, float]:
+    """The mean of ``values`` (one per seed) and the half-width of its ``confidence`` Student-t
+    interval (NaN with fewer than two values: no interval), for the tables beside the verdicts."""
+    if not values:
+        raise ValueError("a mean needs at least one value, got none")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+    mean, var = _mean_var(values)
+    if len(values) < 2:
+        return mean, math.nan
+    return mean, t_quantile(confidence, len(values) - 1) * math.sqrt(var / len(values))
+
+
 @dataclass(frozen=True)
 class Claim:
     """What a paper says about ``method - baseline``: it lies in ``[lower, upper]`` (metric units)."""

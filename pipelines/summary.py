@@ -16,6 +16,7 @@ import json
 from typing import Any
 
 from common.fileio import atomic_write_text
+from harness.claims import format_value, unit
 from harness.entry import quiet_environment
 from harness.folders import RESULTS_DIR
 
@@ -37,19 +38,18 @@ def _cell(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def _number(value: float, metric: str) -> str:
-    return f"{value:.2f}" if metric == "accuracy" else f"{value:.4f}"
-
-
 def judged_row(pipeline: str, claim: dict[str, Any]) -> str:
     """A claim judged over seeds: ours and the baseline's means, Δ with its 95 % interval."""
     m = claim["metric"]
-    unit = " pts" if m == "accuracy" else " nats"
     low, high = claim["low"], claim["high"]
-    interval = "none (1 seed)" if low is None or high is None else f"[{_number(low, m)}, {_number(high, m)}]"
+    interval = (
+        "none (1 seed)"
+        if low is None or high is None
+        else f"[{format_value(low, m)}, {format_value(high, m)}]"
+    )
     ours = (
-        f"{_number(claim['method_mean'], m)} against {_number(claim['baseline_mean'], m)}: "
-        f"Δ {claim['difference']:+.{2 if m == 'accuracy' else 4}f}{unit}"
+        f"{format_value(claim['method_mean'], m)} against {format_value(claim['baseline_mean'], m)}: "
+        f"Δ {format_value(claim['difference'], m, signed=True)}{unit(m)[0]}"
     )
     verdict = claim["verdict"] if claim["verdict"] == "inconclusive" else f"**{claim['verdict']}**"
     cells = (
@@ -124,7 +124,7 @@ def claims_section() -> str:
         f"{counts['not reproduced']} not reproduced, {counts['inconclusive']} inconclusive"
         + (f" (judged over seeds: {', '.join(f'{n} for {kind}' for kind, n in why.items())})" if why else "")
         + ". Judged over seeds (harness/verdict.py): Δ = ours minus the baseline it is compared with "
-        "(accuracy in points, losses in nats), with its 95 % interval over seeds; reproduced when the "
+        "(accuracy in points, losses in nats, times in seconds), with its 95 % interval over seeds; reproduced when the "
         "interval lies inside the claim on Δ, not reproduced when outside it, inconclusive otherwise, "
         "with too few seeds, or when the baseline failed its convergence check (release 2: fp32 at twice "
         "the epochs moved by the claims' tolerance or more). Measured once per configuration (time, "

@@ -15,6 +15,7 @@ from harness.verdict import (
     difference,
     judge,
     longer_training,
+    mean_interval,
     min_seeds_for,
     plateau,
 )
@@ -48,6 +49,17 @@ def test_welch_interval_matches_scipy_when_seeds_differ() -> None:
     ci = ref.confidence_interval(0.95)
     assert (d.low, d.high) == pytest.approx((ci.low, ci.high), rel=1e-9)
     assert d.df == pytest.approx(ref.df, rel=1e-9)
+
+
+def test_mean_interval_matches_scipy_and_has_none_from_one_value() -> None:
+    values = [1.2, 0.7, 1.9, 1.1]
+    mean, half = mean_interval(values)
+    ci = stats.ttest_1samp(values, 0.0).confidence_interval(0.95)
+    assert (mean - half, mean + half) == pytest.approx((ci.low, ci.high), rel=1e-9)
+    mean, half = mean_interval([3.5])
+    assert mean == 3.5 and math.isnan(half)
+    with pytest.raises(ValueError, match="at least one value"):
+        mean_interval([])
 
 
 def test_verdicts_inside_outside_straddling() -> None:

@@ -75,23 +75,20 @@ def test_top_k_builds_up_and_exdyna_does_not(exdyna, suite_smoke):
             assert before < after <= before * SCALE_UP * (1 + 1e-9)
 
 
-def test_report_has_the_density_cost_and_accuracy_claims(exdyna):
+def test_report_judges_the_density_cost_and_accuracy_claims_over_seeds(exdyna):
     report = json.loads((exdyna / "report.json").read_text())
-    per_step = [c for c in report["per_step_claims"] if "holds" in c]
-    assert any("within 10 % of the target" in c["claim"] for c in per_step)
-    assert any("selects faster than top-k" in c["claim"] for c in per_step)
-    overall = {c["claim"]: c["verdict"] for c in report["per_step_claims"] if "verdict" in c}
-    assert set(overall) >= {"density at target on every task", "selection faster than top-k"}
+    claims = [c["claim"] for c in report["claims"]]
+    assert any("within 10 % of the target" in c for c in claims)
+    assert any("W = 2 (cost runs): ExDyna selects faster than top-k" in c for c in claims)
+    assert any("loses nothing against fp32" in c for c in claims)
     cost = [r for r in report["rows"] if r["source"] == "cost"]
     assert {(r["selector"], r["world"], r["steps"]) for r in cost} == {("exdyna", 2, 60), ("topk", 2, 60)}
-    assert all(c["verdict"] == "inconclusive" for c in report["claims"])  # 1-2 seeds
+    # smoke: the suite's 2 seeds and this pipeline's 1, fewer than the 3 every claim needs
+    assert all(
+        c["verdict"] == "inconclusive" and "run(s) on one side" in c["reason"] for c in report["claims"]
+    )
     assert all(c["paper"] for c in report["claims"])  # the paper's statement beside each (summary)
-    measured = {c["claim"]: c for c in report["measured_claims"]}
-    assert {name: c["verdict"] for name, c in measured.items()} == {
-        f"ExDyna's {k}": v for k, v in overall.items()
-    }
-    density = measured["ExDyna's density at target on every task"]
-    assert "within 10 % of the target" in density["ours"] and "selects faster" not in density["ours"]
+    assert "measured_claims" not in report  # every claim judged over seeds
     assert (exdyna / "curves.png").stat().st_size > 10_000
 
 
@@ -104,10 +101,10 @@ def test_every_run_composes_and_the_dvc_stages_list_every_run():
     groups = stages["train"]["foreach"]
     listed = [r for g in groups.values() for r in g["runs"].split(",")]
     assert sorted(listed) == sorted(r for r in params["runs"] if not r.startswith("paper_"))
-    # the selectors over 3 seeds (the accuracy claims' intervals), the timing-only cost runs over one
-    assert {g: spec["seeds"] for g, spec in groups.items()} == {
-        "cifar": "0,1,2", "shakespeare": "0,1,2", "cost_w2": "0", "cost_w4": "0", "cost_w8": "0"
-    }  # fmt: skip
+    # every run a claim reads over 3 seeds: the selectors (accuracy), the cost runs (selection cost)
+    assert {g: spec["seeds"] for g, spec in groups.items()} == dict.fromkeys(
+        ("cifar", "shakespeare", "cost_w2", "cost_w4", "cost_w8"), "0,1,2"
+    )
     # the cost runs keep the suite's 32 windows per step at every W
     for world in (2, 4, 8):
         config = resolve_config("exdyna", f"shakespeare_exdyna_w{world}", "cpu")

@@ -113,3 +113,20 @@ def test_the_summary_names_the_commit_of_every_run(results):
     assert "The runs recorded 2 commits: baseline abc1234; matcha abc1234, def5678; terngrad abc1234." in (
         summary.commits_section()
     )
+
+
+def test_a_claim_about_time_is_written_in_seconds():
+    claim = {
+        **_judged("MATCHA at C_b 0.5 takes less time than vanilla", "inconclusive", low=-3.25, high=1.5),
+        "metric": "seconds",
+        "method_mean": 33.04,
+        "baseline_mean": 46.1,
+        "difference": -13.06,
+        "bound": "<= +0 s",
+        "reason": "the interval straddles a bound of the claim",
+    }
+    row = summary.judged_row("matcha", claim)
+    assert "33.04 against 46.10: Δ -13.06 s" in row and "[-3.25, 1.50]" in row and "<= +0 s" in row
+    assert summary.why_inconclusive(claim["reason"]) == "an interval straddling a bound"
+    with pytest.raises(ValueError, match="unknown claim metric 'furlongs'; valid: accuracy, loss, seconds"):
+        summary.judged_row("matcha", {**claim, "metric": "furlongs"})
