@@ -35,14 +35,14 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from common.fileio import atomic_write_json
-from common.strategies.gossip import build_plan
 from harness.costmodel import LinkParams, collective_time, format_rate, parse_rate
 from harness.entry import quiet_environment
 from harness.folders import RESULTS_DIR
 from harness.params import load_params
 from harness.report import finish_report, save_panels, seed_results
+from papers.matcha.gossip import build_plan
 from papers.matcha.spectrum import plot_spectrum
+from trainer.fileio import atomic_write_json
 
 PIPELINE = "matcha"
 OUT = RESULTS_DIR / PIPELINE
