@@ -43,7 +43,6 @@ from .strategies import (
     SyncStrategy,
     TorchHookDataParallel,
 )
-from .strategies.gossip import GossipStrategy
 
 #: name -> the strategy class, or ``"module:attribute"`` of a paper's, imported when asked for.
 STRATEGIES: dict[str, type[SyncStrategy] | str] = {
@@ -51,7 +50,7 @@ STRATEGIES: dict[str, type[SyncStrategy] | str] = {
     DGCDataParallel.name: DGCDataParallel,
     DetachedEFDataParallel.name: DetachedEFDataParallel,
     SparseDataParallel.name: SparseDataParallel,
-    GossipStrategy.name: GossipStrategy,
+    "gossip": "papers.matcha.gossip:GossipStrategy",
     "compact": "papers.sparse_axonn.strategies.compact:CompactDataParallel",
     TorchHookDataParallel.name: TorchHookDataParallel,
     "pipeline": "papers.sparse_axonn.strategies.pipeline:PipelineDataParallel",

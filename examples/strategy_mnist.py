@@ -47,7 +47,7 @@ from common.strategies import (
     SparseDataParallel,
     SyncStrategy,
 )
-from common.strategies.gossip import GossipStrategy
+from papers.matcha.gossip import GossipStrategy
 from papers.sparse_axonn.pruning import magnitude_masks
 from papers.sparse_axonn.strategies import CompactDataParallel
 from trainer.data import load_dataset

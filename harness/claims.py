@@ -244,9 +244,9 @@ def paper_report_main(
     report's MLflow run (``log_report``) and the text on stdout."""
     import argparse
 
-    from common.fileio import atomic_write_json, atomic_write_text
     from harness.entry import quiet_environment
     from harness.report import log_report
+    from trainer.fileio import atomic_write_json, atomic_write_text
 
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--suite", default=str(RESULTS_DIR / "suite"), help="the suite's results folder")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from common.paths import REPO_ROOT
+from trainer.paths import REPO_ROOT
 
 RESULTS_DIR = REPO_ROOT / "results"
 # A run's model.pt and ckpt/ when its folder is under results/: the same place below artifacts/

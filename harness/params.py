@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 
 from common.config import compose
-from common.paths import REPO_ROOT
+from trainer.paths import REPO_ROOT
 
 PIPELINES_DIR = REPO_ROOT / "pipelines"
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common.paths import REPO_ROOT
+from trainer.paths import REPO_ROOT
 
 RECORD = Path("results/release.md")
 TABLE_HEADER = "| stage | finished (UTC) | seconds | machine |\n|---|---|---:|---|\n"

@@ -10,9 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from common.fileio import atomic_write, atomic_write_json, atomic_write_text
 from harness.folders import RESULTS_DIR
 from harness.params import load_params
+from trainer.fileio import atomic_write, atomic_write_json, atomic_write_text
 
 
 def read_csv(path: Path) -> list[dict[str, float]]:

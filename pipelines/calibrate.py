@@ -25,12 +25,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from common.fileio import atomic_write, atomic_write_json, atomic_write_text
 from harness import costmodel, netem
 from harness.entry import quiet_environment, setup_logging
 from harness.folders import RESULTS_DIR, artifacts_for
 from harness.params import load_params
 from pipelines.common import run_config
+from trainer.fileio import atomic_write, atomic_write_json, atomic_write_text
 
 PIPELINE = "leaderboard"
 OUT = RESULTS_DIR / "costmodel"

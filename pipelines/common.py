@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from common.config import RunConfig
-from common.paths import REPO_ROOT
 from harness.folders import RESULTS_DIR, pipeline_name
 from harness.params import load_params, params_path, run_values
 from trainer.checks import checked_config
+from trainer.paths import REPO_ROOT
 
 # A pipeline whose runs are not rows of RunConfig settings names, in its params.yaml, the module that
 # makes them (``runs_module: papers.sparse_axonn.train``): the launcher and the ranks then ask it for a

@@ -24,11 +24,11 @@ import sys
 from collections.abc import Collection
 from pathlib import Path
 
-from common.fileio import atomic_write_json
 from harness.entry import quiet_environment, setup_logging
 from harness.folders import RESULTS_DIR, pipeline_name
 from harness.params import load_params
 from trainer import MODEL_FILE, evaluate_trained, trained_model_file
+from trainer.fileio import atomic_write_json
 from trainer.tracking import Tracker, experiment_for, git_sha
 
 

@@ -54,7 +54,6 @@ import os
 import sys
 import tempfile
 
-from common.fileio import WriteError, check_writable
 from harness import failures, netem
 from harness.entry import quiet_environment
 from harness.folders import artifacts_for
@@ -75,6 +74,7 @@ from pipelines.train import (
 )
 from trainer.data import load_dataset
 from trainer.distributed import LAUNCHER_PID_ENV, RESTART_SAFE_ENV
+from trainer.fileio import WriteError, check_writable
 
 
 def torchrun_args(pipeline: str, run: str, scale: str | None, nproc: int, max_restarts: int) -> list[str]:

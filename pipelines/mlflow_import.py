@@ -43,10 +43,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common.fileio import atomic_write_text
 from harness.entry import quiet_environment
 from harness.folders import RESULTS_DIR
 from pipelines.provenance import FileTimes, Stage, derived_tags, dvc_stages, recorded_times, stage_of
+from trainer.fileio import atomic_write_text
 from trainer.tracking import SUMMARY_PREFIX, ensure_experiment, tracking_uri
 
 ORIGINAL_TAG = "thinwire.original_run_id"

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from common.paths import REPO_ROOT
+from trainer.paths import REPO_ROOT
 from trainer.tracking import tracking_uri
 
 # The UI's key for the switch (its local-storage hook adds "_v<version>") and the model-training value.

@@ -19,8 +19,8 @@ import torch.distributed as dist
 
 from common.comm.collectives import all_gather_variable, all_reduce_sum_
 from common.comm.stats import CommStats
-from common.fileio import atomic_write_json
 from trainer.distributed import init_from_env, shutdown
+from trainer.fileio import atomic_write_json
 
 OPS = ("all_reduce", "all_gather")
 

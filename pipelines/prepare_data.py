@@ -15,10 +15,10 @@ import hashlib
 
 import torch
 
-from common.fileio import atomic_write_json
 from harness.entry import quiet_environment, setup_logging
 from harness.folders import RESULTS_DIR
 from trainer.data import SPLITS, load_dataset
+from trainer.fileio import atomic_write_json
 
 
 def digest(dataset) -> str:

@@ -25,8 +25,8 @@ import re
 import sys
 from pathlib import Path
 
-from common.fileio import atomic_write_text
-from common.paths import REPO_ROOT
+from trainer.fileio import atomic_write_text
+from trainer.paths import REPO_ROOT
 
 START = re.compile(r'^<!-- from (?P<source>\S+) "(?P<heading>#+ [^"]+)" -->$')
 END = "<!-- end -->"

@@ -14,11 +14,11 @@ import argparse
 import json
 from typing import Any
 
-from common.fileio import atomic_write_json, atomic_write_text
 from harness.entry import quiet_environment
 from harness.folders import RESULTS_DIR, run_dir
 from harness.params import load_params
 from harness.report import read_csv
+from trainer.fileio import atomic_write_json, atomic_write_text
 from trainer.plots import plot_curves
 
 COLUMNS = [

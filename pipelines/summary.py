@@ -15,10 +15,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from common.fileio import atomic_write_text
 from harness.claims import format_value, unit
 from harness.entry import quiet_environment
 from harness.folders import RESULTS_DIR
+from trainer.fileio import atomic_write_text
 
 VERDICTS = ("reproduced", "not reproduced", "inconclusive")
 # Why a judged claim is inconclusive, from the reason harness.verdict.judge gives it.

@@ -15,9 +15,9 @@ from types import ModuleType
 import pytest
 import torch
 
-from common.paths import REPO_ROOT
 from tests.distributed import run_ranks
 from tests.helpers.processes import run_group
+from trainer.paths import REPO_ROOT
 
 TORCHRUN = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc_per_node=2"]
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from common.paths import REPO_ROOT
+from trainer.paths import REPO_ROOT
 
 
 def _imports(path: Path) -> set[str]:
@@ -89,6 +89,61 @@ def test_every_stage_that_trains_depends_on_the_library_the_loop_the_harness_and
             deps = stage.get("deps", [])
             if not {"common", "trainer", "harness", "kernels"} <= set(deps):
                 offenders.append(f"{path.relative_to(REPO_ROOT)}:{name}")
+    assert offenders == []
+
+
+def _paper_files(module: str) -> set[Path]:
+    """The file of ``module`` and of every module under papers/ it imports, transitively."""
+    seen: set[Path] = set()
+    todo = [module]
+    while todo:
+        base = REPO_ROOT.joinpath(*todo.pop().split("."))
+        path = base.with_suffix(".py") if base.with_suffix(".py").is_file() else base / "__init__.py"
+        if path not in seen:
+            seen.add(path)
+            todo.extend(m for m in _module_imports(path, REPO_ROOT) if m.startswith("papers."))
+    return seen
+
+
+def _named_strategies(node: object) -> set[str]:
+    """Every ``strategy:`` value in a loaded params file (anchors and merges resolved)."""
+    if isinstance(node, dict):
+        found = {node["strategy"]} if isinstance(node.get("strategy"), str) else set()
+        return found.union(*(_named_strategies(value) for value in node.values()))
+    if isinstance(node, list):
+        return set().union(*(_named_strategies(value) for value in node))
+    return set()
+
+
+def test_every_stage_that_launches_a_papers_strategy_depends_on_its_code():
+    """A run naming a paper's strategy (``"module:attribute"`` in common.methods.STRATEGIES, e.g.
+    MATCHA's gossip) imports that paper's module and what it imports under papers/: the stage that
+    launches it must rerun when they change. (Sparse AxoNN picks its strategies in its own code,
+    not in params.yaml; its train stage lists them by hand.)"""
+    import re
+
+    import yaml
+
+    from common.methods import STRATEGIES
+
+    offenders = []
+    for path in [REPO_ROOT / "dvc.yaml", *sorted((REPO_ROOT / "pipelines").glob("*/dvc.yaml"))]:
+        for name, stage in yaml.safe_load(path.read_text())["stages"].items():
+            stage = stage.get("do", stage)
+            launched = re.search(r"pipelines\.launch (\w+)", stage["cmd"])
+            if launched is None:
+                continue
+            params = yaml.safe_load((REPO_ROOT / "pipelines" / launched[1] / "params.yaml").read_text())
+            deps = [REPO_ROOT / dep for dep in stage.get("deps", [])]
+            for strategy in sorted(_named_strategies(params)):
+                entry = STRATEGIES.get(strategy)
+                if not isinstance(entry, str):
+                    continue  # the library's own: the stage depends on common/
+                for file in sorted(_paper_files(entry.partition(":")[0])):
+                    if not any(file == dep or file.is_relative_to(dep) for dep in deps):
+                        offenders.append(
+                            f"{path.relative_to(REPO_ROOT)}:{name} misses {file.relative_to(REPO_ROOT)}"
+                        )
     assert offenders == []
 
 
@@ -194,7 +249,7 @@ def test_the_training_loop_imports_no_circle():
 
 
 def test_config_and_options_import_nothing_above_them():
-    from common.paths import REPO_ROOT as root
+    from trainer.paths import REPO_ROOT as root
 
     for name in ("config", "options", "checks"):
         imported = _module_imports(root / "common" / f"{name}.py", root)

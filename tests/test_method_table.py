@@ -30,10 +30,10 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from common.paths import REPO_ROOT
 from common.strategies import SyncStrategy
 from tests.distributed import run_ranks
 from trainer.data import load_dataset
+from trainer.paths import REPO_ROOT
 
 PAGE = REPO_ROOT / "docs" / "library.md"
 SECTION = "## Every method in your own loop, in two lines"

@@ -39,9 +39,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from common.fileio import WriteError, atomic_write, atomic_write_json, atomic_write_text, check_writable
-
 from .distributed import barrier
+from .fileio import WriteError, atomic_write, atomic_write_json, atomic_write_text, check_writable
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +224,7 @@ class Checkpointer:
 
     def save(self, step: int, state: dict[str, Any], *, complete: bool = False) -> None:
         """Write this rank's state of ``step`` (a collective). A full or read-only disk raises
-        :class:`~common.fileio.WriteError` naming the file; the checkpoints before stay intact."""
+        :class:`~trainer.fileio.WriteError` naming the file; the checkpoints before stay intact."""
         path = self._file(step)
         try:
             atomic_write(path, lambda p: torch.save(state, p))

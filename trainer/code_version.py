@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import subprocess
 
-from common.paths import REPO_ROOT
+from .paths import REPO_ROOT
 
 CODE_PATHS = (
     "common",

@@ -19,8 +19,8 @@ import torch.distributed as dist
 from torch import nn
 
 from common.config import RunConfig
-from common.fileio import atomic_write, atomic_write_json, atomic_write_text
 
+from .fileio import atomic_write, atomic_write_json, atomic_write_text
 from .plan import Loop
 from .plots import plot_curves
 from .state import RunState

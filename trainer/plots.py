@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from common.fileio import atomic_write
+from .fileio import atomic_write
 
 Rows = Sequence[Mapping[str, Any]]
 

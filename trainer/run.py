@@ -15,10 +15,8 @@ from torch import nn
 
 from common.comm.collectives import get_world_size
 from common.config import RunConfig
-from common.fileio import check_writable
 from common.finite import NonFiniteMetric
 from common.methods import effective_config
-from common.paths import REPO_ROOT
 from common.strategies import SyncStrategy
 
 from .checkpoint import Checkpointer
@@ -36,9 +34,11 @@ from .components import (
 )
 from .data import Dataset
 from .distributed import DistContext, barrier, init_from_env, is_collective_timeout, seed_everything
+from .fileio import check_writable
 from .loop import Callback, run_steps
 from .loss_scale import LossScaler
 from .outputs import final_metrics, non_finite_final, run_info, write_outputs
+from .paths import REPO_ROOT
 from .plan import BatchSource, Loop, StepPlan
 from .precision import autocast_factory, compute_precision
 from .state import RunState, restore

@@ -32,9 +32,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from common.paths import REPO_ROOT
-
 from .code_version import CODE_PATHS, git_sha, loaded_git_sha
+from .paths import REPO_ROOT
 
 log = logging.getLogger(__name__)
 

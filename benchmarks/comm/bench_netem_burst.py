@@ -20,8 +20,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from common.fileio import atomic_write_text  # noqa: E402
 from harness import netem  # noqa: E402
+from trainer.fileio import atomic_write_text  # noqa: E402
 from trainer.tracking import git_sha  # noqa: E402
 
 

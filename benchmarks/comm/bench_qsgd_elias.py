@@ -23,8 +23,8 @@ sys.path.insert(0, str(REPO))
 
 from common.compressors import build_compressor  # noqa: E402
 from common.compressors.base import CompressorRNG  # noqa: E402
-from common.fileio import atomic_write_text  # noqa: E402
 from trainer.data import load_dataset  # noqa: E402
+from trainer.fileio import atomic_write_text  # noqa: E402
 from trainer.models import build_model  # noqa: E402
 from trainer.tracking import git_sha  # noqa: E402
 

@@ -8,16 +8,15 @@
   (ExDyna's exclusive dynamic partitions, top-k, DGC's threshold, a hard threshold, CLT-k);
 - :class:`DetachedEFDataParallel`: error feedback on the momentum update with a detached gradient
   point (DEF, DEF-A; Xu & Huang 2022), classic EF at mu = 0;
-- :class:`TorchHookDataParallel`: PyTorch's own DDP comm hooks (fp16, bf16, PowerSGD), the peers;
-- ``gossip.GossipStrategy``: decentralized SGD (MATCHA, vanilla, periodic) over a topology's
-  matchings (:mod:`common.topology`); imported from its module, so that importing this package
-  does not import networkx.
+- :class:`TorchHookDataParallel`: PyTorch's own DDP comm hooks (fp16, bf16, PowerSGD), the peers.
 
-A paper's own strategies live in its folder (sparse AxoNN's ``compact`` and ``pipeline``:
-``papers/sparse_axonn/strategies/``), registered by name in :mod:`common.methods`.
+A paper's own strategies live in its folder (MATCHA's ``gossip``: ``papers/matcha/gossip.py``;
+sparse AxoNN's ``compact`` and ``pipeline``: ``papers/sparse_axonn/strategies/``), registered by
+name in :mod:`common.methods`. What they build on is public here (:class:`SyncStrategy`,
+:class:`MethodNeeds`, :func:`broadcast_module_state`).
 """
 
-from .base import DataParallel, LossFn, MethodNeeds, SyncStrategy
+from .base import DataParallel, LossFn, MethodNeeds, SyncStrategy, broadcast_module_state
 from .detached import DEFOptions, DetachedEFDataParallel, check_def_options
 from .dgc import DGCDataParallel, DGCOptions, check_dgc_options
 from .selectors import SELECTORS, Partitions
@@ -39,6 +38,7 @@ __all__ = [
     "SyncStrategy",
     "TorchHookDataParallel",
     "TorchHookOptions",
+    "broadcast_module_state",
     "check_def_options",
     "check_dgc_options",
     "check_sparse_options",

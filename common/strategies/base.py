@@ -313,7 +313,7 @@ def _as_dict(options: Options | Mapping[str, Any] | None) -> dict[str, Any]:
     return options.to_dict() if isinstance(options, Options) else dict(options)
 
 
-def _broadcast_module_state(model: nn.Module, tensors: str) -> None:
+def broadcast_module_state(model: nn.Module, tensors: str) -> None:
     """Copy rank 0's parameters or buffers to every rank (set-up traffic, not gradient traffic:
     deliberately not counted in CommStats)."""
     if get_world_size() == 1:
@@ -373,8 +373,8 @@ class DataParallel(SyncStrategy):
         )
 
     def setup(self, model: nn.Module) -> None:
-        _broadcast_module_state(model, "parameters")
-        _broadcast_module_state(model, "buffers")
+        broadcast_module_state(model, "parameters")
+        broadcast_module_state(model, "buffers")
 
     def after_backward(self, model: nn.Module) -> None:
         self.sync.sync_gradients(model)
@@ -390,7 +390,7 @@ class DataParallel(SyncStrategy):
     def before_eval(self, model: nn.Module) -> None:
         # BatchNorm running statistics drift apart per rank (DDP broadcasts them every forward);
         # evaluate with rank 0's on every rank.
-        _broadcast_module_state(model, "buffers")
+        broadcast_module_state(model, "buffers")
 
     def state_dict(self) -> dict[str, Any]:
         return {"sync": self.sync.state_dict()}

@@ -42,7 +42,7 @@ from ..compressors.base import Compressor
 from ..compressors.random_block import RandomBlock
 from ..feedback import ErrorFeedback
 from ..options import Options
-from .base import MethodNeeds, SyncStrategy, _broadcast_module_state, compressed_update_arguments
+from .base import MethodNeeds, SyncStrategy, broadcast_module_state, compressed_update_arguments
 
 if TYPE_CHECKING:
     from ..config import RunConfig
@@ -156,8 +156,8 @@ class DetachedEFDataParallel(SyncStrategy):
     # -- set-up ---------------------------------------------------------------------------------
 
     def setup(self, model: nn.Module) -> None:
-        _broadcast_module_state(model, "parameters")
-        _broadcast_module_state(model, "buffers")
+        broadcast_module_state(model, "parameters")
+        broadcast_module_state(model, "buffers")
         with torch.no_grad():
             for name, p in self._named(model):
                 self.x.setdefault(name, p.detach().clone())
@@ -234,7 +234,7 @@ class DetachedEFDataParallel(SyncStrategy):
     def before_eval(self, model: nn.Module) -> None:
         """Evaluate at ``x - mean(e)`` (virtual) or ``x`` (global), identical on every rank; BatchNorm
         statistics are rank 0's. The error average is instrumentation, not counted."""
-        _broadcast_module_state(model, "buffers")
+        broadcast_module_state(model, "buffers")
         world = get_world_size()
         with torch.no_grad():
             for name, p in self._named(model):

@@ -21,7 +21,7 @@ from ..compressors.dgc_warmup import warmup_density
 from ..compressors.segments import SegmentDraws, Segments
 from ..feedback import MomentumCorrection
 from ..options import Options
-from .base import MethodNeeds, SyncStrategy, _broadcast_module_state, compressed_update_arguments
+from .base import MethodNeeds, SyncStrategy, broadcast_module_state, compressed_update_arguments
 
 if TYPE_CHECKING:
     from ..config import RunConfig
@@ -222,8 +222,8 @@ class DGCDataParallel(SyncStrategy):
         return sparse, dense
 
     def setup(self, model: nn.Module) -> None:
-        _broadcast_module_state(model, "parameters")
-        _broadcast_module_state(model, "buffers")
+        broadcast_module_state(model, "parameters")
+        broadcast_module_state(model, "buffers")
 
     def param_groups(self, model: nn.Module) -> list[dict[str, Any]]:
         sparse, dense = self._split(model)
@@ -278,7 +278,7 @@ class DGCDataParallel(SyncStrategy):
             torch._foreach_add_([g for _, _, g in named], [self.wd_momentum[n] for n, _, _ in named])
 
     def before_eval(self, model: nn.Module) -> None:
-        _broadcast_module_state(model, "buffers")
+        broadcast_module_state(model, "buffers")
 
     # -- in a user's own DDP loop: a comm hook and an optimizer ------------------------------------
 

@@ -61,7 +61,7 @@ from ..comm.stats import CommStats
 from ..compressors.base import CompressorRNG, check_density, num_kept
 from ..compressors.dgc import DGC
 from ..options import Options
-from .base import MethodNeeds, SyncStrategy, _broadcast_module_state
+from .base import MethodNeeds, SyncStrategy, broadcast_module_state
 from .selectors import SELECTORS, Partitions, scale_threshold
 
 if TYPE_CHECKING:
@@ -185,8 +185,8 @@ class SparseDataParallel(SyncStrategy):
         self.last_selected: Tensor | None = None
 
     def setup(self, model: nn.Module) -> None:
-        _broadcast_module_state(model, "parameters")
-        _broadcast_module_state(model, "buffers")
+        broadcast_module_state(model, "parameters")
+        broadcast_module_state(model, "buffers")
         self.numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
         self.k = num_kept(self.numel, self.density)
         if self.selector_needs.partitions:
@@ -198,7 +198,7 @@ class SparseDataParallel(SyncStrategy):
             self.threshold = float(init or 1.0 / (2.0 * math.sqrt(self.k)))
 
     def before_eval(self, model: nn.Module) -> None:
-        _broadcast_module_state(model, "buffers")
+        broadcast_module_state(model, "buffers")
 
     # -- the step -------------------------------------------------------------------------------
 

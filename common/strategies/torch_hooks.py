@@ -38,7 +38,7 @@ from torch import Tensor, nn
 from ..comm.collectives import get_world_size
 from ..comm.stats import CommStats
 from ..options import Options
-from .base import LossFn, MethodNeeds, SyncStrategy, _broadcast_module_state
+from .base import LossFn, MethodNeeds, SyncStrategy, broadcast_module_state
 
 if TYPE_CHECKING:
     from ..config import RunConfig
@@ -185,7 +185,7 @@ class TorchHookDataParallel(SyncStrategy):
         )
 
     def before_eval(self, model: nn.Module) -> None:
-        _broadcast_module_state(model, "buffers")  # BN statistics: rank 0's on every rank
+        broadcast_module_state(model, "buffers")  # BN statistics: rank 0's on every rank
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)

@@ -23,7 +23,6 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from common.paths import REPO_ROOT
 from harness import length
 from harness.claims import (
     PaperReport,
@@ -41,6 +40,7 @@ from harness.claims import (
 )
 from harness.report import save_panels
 from harness.verdict import Claim, LongerTraining
+from trainer.paths import REPO_ROOT
 from trainer.plots import method_color, readable_log_axis
 
 PIPELINE = "dgc_qsgd"

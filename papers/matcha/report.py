@@ -26,13 +26,13 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from common.strategies.gossip import build_plan
 from harness.claims import PaperReport, Runs, claims_table, judge_claim, load_runs, paper_report_main
 from harness.costmodel import LinkParams, collective_time, format_rate, parse_rate
 from harness.folders import RESULTS_DIR
 from harness.params import load_params
 from harness.report import save_panels
 from harness.verdict import Claim, mean_interval
+from papers.matcha.gossip import build_plan
 from papers.matcha.spectrum import plot_spectrum
 from papers.matcha.times import SMOOTH, TARGET_SLACK, WORLD, number, seed_curves, times_to
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from common.fileio import atomic_write
-from common.topology.mixing import MatchaPlan
+from papers.matcha.topology.mixing import MatchaPlan
+from trainer.fileio import atomic_write
 
 
 def plot_spectrum(plans: Sequence[MatchaPlan], path: str | os.PathLike[str], title: str = "") -> None:

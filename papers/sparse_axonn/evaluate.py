@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from common.fileio import atomic_write_json
+from trainer.fileio import atomic_write_json
 from trainer.tracking import Tracker, experiment_for, git_sha
 
 from .config import ScaleConfig

@@ -37,9 +37,9 @@ import torch
 from torch import Tensor, nn
 
 from common.comm import CommStats
-from common.fileio import atomic_write, atomic_write_json, atomic_write_text
 from harness.verdict import plateau
 from trainer.distributed import seed_everything
+from trainer.fileio import atomic_write, atomic_write_json, atomic_write_text
 from trainer.tracking import Tracker, experiment_for, git_sha
 
 from .compact import CompactTraining

@@ -36,7 +36,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from common.fileio import atomic_write
+from trainer.fileio import atomic_write
 
 __all__ = [
     "MASK_FILE_FORMAT",

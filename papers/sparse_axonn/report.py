@@ -18,12 +18,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from common.fileio import atomic_write_json
 from harness import costmodel
 from harness.entry import quiet_environment
 from harness.folders import RESULTS_DIR
 from harness.params import load_params
 from harness.report import finish_report, save_panels
+from trainer.fileio import atomic_write_json
 
 from .extrapolate import PaperSetting, model_setting
 from .params import convergence

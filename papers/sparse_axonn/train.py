@@ -45,11 +45,11 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from common.config import RunConfig
-from common.fileio import atomic_write_json, atomic_write_text
-from common.paths import REPO_ROOT
 from trainer import StepInfo, train, trained_model_file
 from trainer.checks import checked_config
 from trainer.distributed import DistContext, barrier
+from trainer.fileio import atomic_write_json, atomic_write_text
+from trainer.paths import REPO_ROOT
 from trainer.tracking import Tracker
 
 from .config import RunSpec, ScaleConfig

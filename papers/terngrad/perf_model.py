@@ -90,7 +90,7 @@ def plot(rows: Sequence[Mapping[str, Any]], path: Any, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from common.fileio import atomic_write
+    from trainer.fileio import atomic_write
 
     tasks = sorted({str(r["run"]).split("_")[0] for r in rows})
     fig, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 4.5), squeeze=False)

@@ -37,7 +37,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-from common.fileio import atomic_write_json, atomic_write_text
 from harness import costmodel, netem
 from harness.claims import Runs, finite, load_runs, suite_tasks
 from harness.entry import quiet_environment, setup_logging
@@ -46,6 +45,7 @@ from harness.params import load_params
 from harness.report import log_report, read_csv
 from pipelines.leaderboard.report import markdown, plot
 from pipelines.leaderboard.training import PIPELINE, Settings, groups, launch_group, settings, stop_at
+from trainer.fileio import atomic_write_json, atomic_write_text
 
 OUT = RESULTS_DIR / PIPELINE
 SUITE = RESULTS_DIR / "suite"

@@ -21,13 +21,13 @@ import math
 from pathlib import Path
 from typing import Any
 
-from common.fileio import atomic_write_json, atomic_write_text
 from harness.claims import Runs, finite, load_runs, metric_value, no_loss_claim
 from harness.entry import quiet_environment
 from harness.folders import RESULTS_DIR
 from harness.params import load_params
 from harness.report import log_report, save_panels
 from harness.verdict import LongerTraining, difference, judge, longer_training, min_seeds_for, plateau
+from trainer.fileio import atomic_write_json, atomic_write_text
 from trainer.plots import method_color, readable_log_axis
 
 PIPELINE = "suite"

@@ -199,6 +199,7 @@ def test_every_key_refuses_a_wrong_type_by_name(name, value):
     assert repr(value) in str(error.value)
 
 
+# the papers' strategies' ignored settings: tests/papers/<paper>/test_registered_by_name.py
 @pytest.mark.parametrize(
     "values, message",
     [
@@ -209,8 +210,6 @@ def test_every_key_refuses_a_wrong_type_by_name(name, value):
         ({"strategy": "sparse", "bucket_numel": 4096},
          "strategy sparse ignores bucket_numel (got 4096): it selects from the whole flattened gradient"),
         ({"strategy": "sparse", "compress_per_tensor": True}, "set compress_per_tensor: false"),
-        ({"strategy": "gossip", "world_size": 8, "strategy_options": {"graph": "paper", "budget": 0.3},
-          "bucket_numel": 100}, "strategy gossip ignores bucket_numel (got 100): it exchanges whole models"),
     ],
 )  # fmt: skip
 def test_a_setting_the_strategy_ignores_is_an_error_naming_it(values, message):

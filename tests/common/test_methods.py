@@ -18,7 +18,6 @@ from common.compressors.terngrad import TernGrad
 from common.config import RunConfig
 from common.methods import STRATEGIES, check_run, checked_config, effective_config, strategy_class
 from common.options import Options
-from common.paths import REPO_ROOT
 from common.strategies import DataParallel, SyncStrategy
 from common.strategies.base import MethodNeeds
 from tests.distributed import run_ranks
@@ -29,6 +28,7 @@ from tests.helpers.strategies import (
     undeclared_sync_settings,
 )
 from trainer import default_strategy
+from trainer.paths import REPO_ROOT
 
 
 def test_terngrad_declares_its_rounds_and_the_others_declare_none():
@@ -92,6 +92,7 @@ def test_every_strategy_is_registered_under_the_name_it_declares():
         assert cls.name == name and isinstance(cls.needs, MethodNeeds)
     # a paper's strategy by name only (tests/papers/ import them)
     assert {name: entry for name, entry in STRATEGIES.items() if isinstance(entry, str)} == {
+        "gossip": "papers.matcha.gossip:GossipStrategy",
         "compact": "papers.sparse_axonn.strategies.compact:CompactDataParallel",
         "pipeline": "papers.sparse_axonn.strategies.pipeline:PipelineDataParallel",
     }

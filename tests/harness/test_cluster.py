@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from common.paths import REPO_ROOT
 from harness import failures, netem
 from tests.helpers.mlflow_store import fresh_store
+from trainer.paths import REPO_ROOT
 
 needs_netem = pytest.mark.skipif(
     not netem.supported(), reason="needs root and iproute2 (ip, tc) for network namespaces"

@@ -9,10 +9,10 @@ import math
 
 import pytest
 
-from common.fileio import WriteError
 from common.finite import NonFiniteGradient, NonFiniteMetric
 from harness import failures
 from trainer.checkpoint import CheckpointError
+from trainer.fileio import WriteError
 
 
 @pytest.mark.parametrize(

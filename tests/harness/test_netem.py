@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from common.paths import REPO_ROOT
 from harness import failures, netem
+from trainer.paths import REPO_ROOT
 
 needs_netem = pytest.mark.skipif(
     not netem.supported(), reason="needs root and iproute2 (ip, tc) for network namespaces"

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from common.paths import REPO_ROOT
 from tests.helpers.mlflow_store import fresh_store
 from tests.helpers.processes import run_group
+from trainer.paths import REPO_ROOT
 
 # every strategy the suite uses (data parallel, dgc, def, sparse), both task kinds, what the paper
 # pipelines' tests read (TernGrad on MNIST, DGC and QSGD on Tiny Shakespeare)

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from common.paths import REPO_ROOT, data_root
 from tests.helpers.mlflow_store import fresh_store
 from tests.helpers.processes import run_group
 from tests.helpers.smoke_record import check_losses
+from trainer.paths import REPO_ROOT, data_root
 
 RUNS = ("fp32", "fp16", "topk1_ef")
 

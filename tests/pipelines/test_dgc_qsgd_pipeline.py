@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from common.paths import REPO_ROOT
 from harness.params import load_params
 from pipelines.train import resolve_config
 from tests.helpers.smoke_record import check_losses
 from tests.pipelines.conftest import LENGTH_TIMEOUT, train_evaluate_report
+from trainer.paths import REPO_ROOT
 
 LADDER = "shakespeare_gd,shakespeare_mc,shakespeare_mask"
 

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from common.paths import REPO_ROOT
 from common.strategies.selectors import BAND, SCALE_UP
 from harness.params import load_params
 from pipelines.train import resolve_config
 from tests.helpers.smoke_record import check_losses
 from tests.pipelines.conftest import run_steps, tracking_env
+from trainer.paths import REPO_ROOT
 
 
 @pytest.fixture(scope="module")

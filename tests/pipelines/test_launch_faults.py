@@ -22,7 +22,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from common.paths import REPO_ROOT
 from harness import netem
 from harness.failures import EXIT_NO_RETRY
 from tests.helpers import faulty_stage
@@ -31,6 +30,7 @@ from tests.helpers.mounts import read_only_folder, tmpfs
 from tests.helpers.processes import run_group
 from tests.helpers.refusal import launch_refusal
 from tests.helpers.train_once import CONFIG
+from trainer.paths import REPO_ROOT
 
 NAN_LINE = (
     r"error: rank [01] failed with non-finite values \(NaN or inf\): FloatingPointError: training loss "

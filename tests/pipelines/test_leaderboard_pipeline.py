@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from common.paths import cache_root, data_root
 from harness import netem
 from tests.helpers.mlflow_store import fresh_store
 from tests.helpers.processes import run_group
 from tests.pipelines.test_baseline_pipeline import _copy_repo
+from trainer.paths import cache_root, data_root
 
 pytestmark = pytest.mark.skipif(
     not netem.supported(), reason="needs root and iproute2 (ip, tc) for network namespaces"
@@ -142,9 +142,9 @@ def test_a_bad_method_fails_before_any_network_is_built(repo, suite_smoke):
 def test_the_root_stages_train_every_group_of_the_params():
     import yaml
 
-    from common.paths import REPO_ROOT
     from harness.params import load_params
     from pipelines.leaderboard.training import groups, settings
+    from trainer.paths import REPO_ROOT
 
     cfg = settings(list(load_params("suite")["runs"]))
     stages = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())["stages"]

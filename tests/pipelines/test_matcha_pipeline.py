@@ -11,7 +11,6 @@ import sys
 import pytest
 import yaml
 
-from common.paths import REPO_ROOT
 from harness.costmodel import LinkParams, collective_time
 from harness.params import load_params
 from papers.matcha import report, times
@@ -19,6 +18,7 @@ from pipelines.train import resolve_config
 from tests.helpers.mlflow_store import fresh_store
 from tests.helpers.processes import run_group
 from tests.helpers.smoke_record import check_losses
+from trainer.paths import REPO_ROOT
 
 
 def test_one_launch_trains_vanilla_and_matcha_on_eight_ranks(tmp_path):

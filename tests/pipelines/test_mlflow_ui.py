@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from common.paths import REPO_ROOT
 from pipelines import mlflow_ui
 from tests.distributed import free_port
 from tests.helpers.mlflow_store import fresh_store
 from tests.helpers.processes import run_group
+from trainer.paths import REPO_ROOT
 
 BROWSER = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
 

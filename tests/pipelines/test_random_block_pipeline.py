@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from common.paths import REPO_ROOT
 from harness.params import load_params
 from pipelines.train import resolve_config
 from tests.helpers.smoke_record import check_losses
 from tests.pipelines.conftest import LENGTH_TIMEOUT, train_evaluate_report
+from trainer.paths import REPO_ROOT
 
 RUNS = ",".join(f"mnist_d16_{m}_{lr}" for m in ("ef", "def", "defa") for lr in ("lr04", "lr01"))
 

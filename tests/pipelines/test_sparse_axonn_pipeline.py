@@ -18,7 +18,6 @@ import sys
 import pytest
 import torch
 
-from common.paths import REPO_ROOT
 from harness.params import load_params
 from papers.sparse_axonn.config import ModelConfig, ScaleConfig, from_params
 from papers.sparse_axonn.model import build_gpt2, evaluate, load_split
@@ -28,6 +27,7 @@ from papers.sparse_axonn.pruning import load_masks, magnitude_masks, save_masks
 from tests.helpers.mlflow_store import fresh_store
 from tests.helpers.processes import run_group
 from tests.helpers.smoke_record import check_losses
+from trainer.paths import REPO_ROOT
 
 SMOKE_RUNS = ("dense_2x2", "sparse90_2x2", "sputnik90_2x2")
 

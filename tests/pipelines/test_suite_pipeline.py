@@ -9,11 +9,11 @@ import sqlite3
 import pytest
 import yaml
 
-from common.paths import REPO_ROOT
 from harness.params import load_params
 from pipelines.train import resolve_config
 from tests.helpers.smoke_record import check_losses
 from tests.pipelines.conftest import SUITE_RUNS
+from trainer.paths import REPO_ROOT
 
 RUNS = SUITE_RUNS
 

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from common.paths import REPO_ROOT
 from tests.helpers.processes import run_group
 from tests.helpers.refusal import launch_refusal
 from tests.helpers.smoke_record import check_losses
 from tests.pipelines.conftest import tracking_env, train_evaluate_report
+from trainer.paths import REPO_ROOT
 
 ABLATIONS = "mnist_noclip,mnist_noshare,mnist_clipown"
 

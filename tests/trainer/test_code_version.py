@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from common import code_version
+from trainer import code_version
 
 
 def _git(repo: Path, *args: str) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from common import tracking
+from trainer import tracking
 from trainer.checks import checked_config
 
 # -- a tracking server that dies mid-run (issue 18) ---------------------------------------------------

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from common.paths import REPO_ROOT
 from tests.distributed import run_ranks
 from tests.helpers.processes import run_group
 from tests.helpers.train_once import CONFIG
 from trainer import StepInfo, train
 from trainer.checks import checked_config
 from trainer.distributed import RESTART_SAFE_ENV, DistContext
+from trainer.paths import REPO_ROOT
 
 
 def _final_state(out: Path, rank: int) -> dict:

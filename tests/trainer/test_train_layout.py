@@ -16,11 +16,11 @@ import torch
 
 import trainer.loop as loop_module
 from common.config import RunConfig
-from common.paths import REPO_ROOT
 from trainer import evaluate
 from trainer.data.base import DatasetInfo
 from trainer.data.images import ImageDataset
 from trainer.distributed import DistContext
+from trainer.paths import REPO_ROOT
 from trainer.plan import Loop
 from trainer.run import build_loop
 

@@ -22,8 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.fileio import atomic_write
-
+from ..fileio import atomic_write
 from .base import Arrays
 
 log = logging.getLogger(__name__)

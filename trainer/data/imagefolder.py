@@ -53,8 +53,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from common.paths import cache_root, data_root
-
+from ..paths import cache_root, data_root
 from .base import Arrays, DataError, DatasetInfo
 from .cache import load_or_build
 from .imagefolder_index import SPLIT_FOLDERS, build_index, check_index, fingerprint, layout_help

@@ -11,9 +11,8 @@ import logging
 import os
 from pathlib import Path
 
-from common.fileio import atomic_write_text
-from common.paths import cache_root
-
+from ..fileio import atomic_write_text
+from ..paths import cache_root
 from .base import DataError
 
 log = logging.getLogger(__name__)

@@ -9,9 +9,9 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from common.paths import cache_root, data_root
 from common.registry import lookup
 
+from ..paths import cache_root, data_root
 from .base import SPLITS, Dataset, DatasetSource
 from .cache import load_or_build
 from .cifar import JpegTarImageSource

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from common.comm.collectives import get_world_size
 from common.comm.stats import CommStats
 from common.options import Options
-from common.strategies.base import MethodNeeds, SyncStrategy, _broadcast_module_state
+from common.strategies.base import MethodNeeds, SyncStrategy, broadcast_module_state
 
 from ..compact import CompactAdamW, MaskLayout, compact_all_reduce_
 from ..pruning import apply_masks, load_masks
@@ -140,8 +140,8 @@ class CompactDataParallel(SyncStrategy):
         return cls(options=options, seed=config.seed, weight_decay=config.weight_decay)
 
     def setup(self, model: nn.Module) -> None:
-        _broadcast_module_state(model, "parameters")
-        _broadcast_module_state(model, "buffers")
+        broadcast_module_state(model, "parameters")
+        broadcast_module_state(model, "buffers")
         apply_masks(model, self.masks)
         self.layout = MaskLayout(model, self.masks)
         self.layout.verify_across_ranks()  # set-up: 32 bytes a rank, not counted as training traffic

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from common.topology import paper_graph, paper_matchings, plan, ring
 from papers.matcha.spectrum import plot_spectrum
+from papers.matcha.topology import paper_graph, paper_matchings, plan, ring
 
 BUDGETS = (0.1, 0.3, 0.5, 1.0)
 

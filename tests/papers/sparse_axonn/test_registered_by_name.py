@@ -13,13 +13,13 @@ import torch
 from common.config import RunConfig
 from common.methods import STRATEGIES, checked_config, strategy_class
 from common.options import Options
-from common.paths import REPO_ROOT
 from common.strategies.base import MethodNeeds
 from papers.sparse_axonn.pruning import load_masks, magnitude_masks, save_masks
 from papers.sparse_axonn.strategies import CompactDataParallel, PipelineDataParallel
 from tests.helpers.strategies import assert_one_constructor_shape, undeclared_sync_settings
 from trainer import default_strategy
 from trainer.models import build_model
+from trainer.paths import REPO_ROOT
 
 PAPER_STRATEGIES = {"compact": CompactDataParallel, "pipeline": PipelineDataParallel}
 

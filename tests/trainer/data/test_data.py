@@ -27,10 +27,10 @@ from PIL import Image
 
 import trainer.data.idx
 import trainer.data.integrity
-from common.paths import data_root
 from trainer.data import DATASETS, DataError, ImageDataset, TextDataset, epoch_batches, load_dataset
 from trainer.data.cifar import JpegTarImageSource, read_image_tar
 from trainer.data.integrity import KNOWN_SHA256
+from trainer.paths import data_root
 
 REAL_ROOT = data_root()
 MNIST_TRAIN_COUNTS = [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]

@@ -26,7 +26,7 @@ every matching active: s = 0.654 = (1 - alpha lambda_2)^2, the vanilla rho).
 
 If rho < 1, MATCHA converges at the rate of vanilla decentralized SGD (Theorem 1 of the paper).
 
-The per-step flags B_j^(k) are drawn in :mod:`common.topology.activations`.
+The per-step flags B_j^(k) are drawn in :mod:`papers.matcha.topology.activations`.
 """
 
 from __future__ import annotations

@@ -35,14 +35,12 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from ..comm.collectives import exchange, get_rank, get_world_size
-from ..comm.stats import CommStats
-from ..options import Options
-from .base import MethodNeeds, SyncStrategy, _broadcast_module_state
+from common.comm.collectives import exchange, get_rank, get_world_size
+from common.comm.stats import CommStats
+from common.options import Options
+from common.strategies.base import MethodNeeds, SyncStrategy, broadcast_module_state
 
-if TYPE_CHECKING:
-    from ..config import RunConfig
-from ..topology import (
+from .topology import (
     PAPER_GRAPHS,
     MatchaPlan,
     check_budget,
@@ -55,6 +53,9 @@ from ..topology import (
     ring,
     vanilla_weight,
 )
+
+if TYPE_CHECKING:
+    from common.config import RunConfig
 
 GOSSIP_MODES = ("matcha", "vanilla", "periodic")
 GRAPHS = ("paper", "ring", "erdos_renyi", "geometric")
@@ -241,8 +242,8 @@ class GossipStrategy(SyncStrategy):
 
     def setup(self, model: nn.Module) -> None:
         # Same start everywhere (the paper's workers start from one model); then they drift apart.
-        _broadcast_module_state(model, "parameters")
-        _broadcast_module_state(model, "buffers")
+        broadcast_module_state(model, "parameters")
+        broadcast_module_state(model, "buffers")
 
     def after_step(self, model: nn.Module) -> None:
         flags = step_flags(self.plan, self.mode, self.steps, self.seed)

@@ -1,4 +1,4 @@
-"""Gossip over activated matchings (common.strategies.gossip) on real gloo ranks against numpy's W @ X."""
+"""Gossip over activated matchings (papers.matcha.gossip) on real gloo ranks against numpy's W @ X."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from common.methods import checked_config
-from common.strategies.gossip import GossipStrategy, base_graph, build_plan, check_gossip_options, step_flags
-from common.topology import paper_graph, paper_matchings, plan, ring
+from papers.matcha.gossip import GossipStrategy, base_graph, build_plan, check_gossip_options, step_flags
+from papers.matcha.topology import paper_graph, paper_matchings, plan, ring
 from tests.distributed import run_ranks
 
 STEPS = 4

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from common.fileio import WriteError, atomic_write, atomic_write_text, check_writable
 from tests.helpers.mounts import read_only_folder, tmpfs
 from trainer.checkpoint import Checkpointer
+from trainer.fileio import WriteError, atomic_write, atomic_write_text, check_writable
 
 BIG = {"w": torch.zeros(200_000)}  # 800 KB: more than the 256 KiB disk
 

@@ -12,7 +12,7 @@ The Laplacian of the graph with edge list ``E`` on nodes 0..n-1 is
     L = D - A,    L_ii = deg(i),  L_ij = -1 for (i, j) in E,  0 otherwise
 
 and for a matching L_j^2 = 2 L_j (every connected block is [[1, -1], [-1, 1]]), the identity that
-:mod:`common.topology.mixing` uses for the variance of the sampled Laplacian.
+:mod:`papers.matcha.topology.mixing` uses for the variance of the sampled Laplacian.
 """
 
 from __future__ import annotations
