@@ -2,94 +2,56 @@
 
     python -m papers.sparse_axonn.report
 
-Reads ``results/sparse_axonn/prune.json`` and ``results/sparse_axonn/runs/<run>/`` and writes
-``results/sparse_axonn/report.md``, ``report.json`` and ``curves.png``: the pruning table; per run
-the model-state bytes per rank by category, peak process memory, all-reduce and point-to-point
-bits and seconds per step, step time, validation perplexity; the Sputnik comparison; which grids
-fit a per-rank capacity and the measured configuration effect; the paper's claims beside our
-measured figures; and a cost-model extrapolation to the paper's setting (labelled as a model).
-Every number comes from those files (and ``results/costmodel/fit.json``).
+Reads ``results/sparse_axonn/prune.json`` and every seed of ``results/sparse_axonn/runs/<run>/seed<k>/``
+(:mod:`papers.sparse_axonn.runs`) and writes ``results/sparse_axonn/report.md``, ``report.json`` and
+``curves.png``: the pruning table; per run (each figure the mean over seeds ± the half-width of its
+95 % interval) the model-state bytes per rank by category, peak process memory, all-reduce and
+point-to-point bits and seconds per step, step time, validation perplexity; the Sputnik comparison;
+which grids fit a per-rank capacity and the measured configuration effect; the claims, restated for
+these runs and judged over their seeds (:mod:`papers.sparse_axonn.claims`), with the paper's
+512-V100 figures and a cost-model extrapolation to that setting (labelled as a model) beside them as
+context, and the paper's claims not tested here. Every number comes from those files (and
+``results/costmodel/fit.json``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 from harness import costmodel
+from harness.claims import finite
 from harness.entry import quiet_environment
 from harness.folders import RESULTS_DIR
 from harness.params import load_params
 from harness.report import finish_report, save_panels
 from trainer.fileio import atomic_write_json
 
+from .claims import NOT_TESTED, claims_section, judged_claims, with_model
 from .extrapolate import PaperSetting, model_setting
 from .params import convergence
+from .runs import collect
+from .runs import find as _find
 
 PIPELINE = "sparse_axonn"
 OUT = RESULTS_DIR / PIPELINE
 RUNS = OUT / "runs"
 FIT = RESULTS_DIR / "costmodel" / "fit.json"
 METHODS = {"dense": "dense AxoNN", "sparse": "sparse AxoNN", "sputnik": "Sputnik-like (CSR)"}
-CLAIMS = {  # the abstract's numbers (research/papers.md 1.1)
-    "memory": "-74 % memory (2.7B model, 90 % sparsity)",
-    "comm": "-40 % total communication time",
-    "speedup": "34 % faster than dense AxoNN (512 V100s)",
-    "sputnik": "46 % faster than Sputnik",
-}
 MB = 1e6
 
 
-def collect(runs: Path = RUNS, names: list[str] | None = None) -> list[dict[str, Any]]:
-    """One row per run of params.yaml (or of ``names``) from ``runs/<run>/``."""
-    specs = load_params(PIPELINE)["runs"]
-    rows = []
-    for name in names or list(specs):
-        spec = specs[name]
-        folder = runs / name
-        missing = [f for f in ("metrics.json", "ranks.json", "run.json") if not (folder / f).exists()]
-        if missing:
-            raise SystemExit(
-                f"run {name!r} has no {', '.join(missing)} in {folder}: run its train stage first"
-            )
-        metrics = json.loads((folder / "metrics.json").read_text())
-        ranks = json.loads((folder / "ranks.json").read_text())
-        info = json.loads((folder / "run.json").read_text())
-        worst = max(ranks, key=lambda r: r["state_bytes"]["total"])["state_bytes"]
-        rows.append(
-            {
-                "run": name,
-                "method": spec["method"],
-                "sparsity": float(spec.get("sparsity", 0.0)),
-                "grads": spec.get("grads", "dense"),
-                "grid": info["grid"],
-                **metrics,
-                "params_bytes": worst["params"],
-                "grads_bytes": worst["grads"],
-                "optimizer_bytes": worst["master"] + worst["exp_avg"] + worst["exp_avg_sq"],
-                "compact_grad_bytes": worst["compact_grad"],
-                "index_bytes": worst["index_bytes"],
-                "mlflow_run_id": info["mlflow_run_id"],
-                "git_sha": info["git_sha"],
-                "_ranks": ranks,
-            }
-        )
-    return rows
-
-
-def _find(
-    rows: list[dict[str, Any]], method: str, sparsity: float, grid: str, grads: str = "dense"
-) -> dict[str, Any] | None:
-    return next(
-        (
-            r
-            for r in rows
-            if (r["method"], r["sparsity"], r["grid"], r["grads"]) == (method, sparsity, grid, grads)
-        ),
-        None,
-    )
+def pm(row: dict[str, Any], key: str, spec: str, scale: float = 1.0) -> str:
+    """``row[key] / scale`` with ``± half`` (its 95 % interval over seeds) when the seeds differ;
+    the value alone from one seed, or when every seed gave the same (bytes and bits are counted)."""
+    mean, half = row[key], row.get(f"{key}_half")
+    text = format(mean / scale, spec)
+    if half is None or not math.isfinite(half) or half == 0:
+        return text
+    return f"{text} ± {format(half / scale, spec)}"
 
 
 def _pct(new: float, old: float) -> str:
@@ -144,60 +106,87 @@ def prune_section(prune: dict[str, Any], evaluations: dict[str, dict[str, Any]] 
     return out
 
 
-def runs_section(rows: list[dict[str, Any]], train: dict[str, Any]) -> list[str]:
+def _seeds(rows: list[dict[str, Any]]) -> str:
+    counts = sorted({len(r["seeds"]) for r in rows})
+    return "/".join(map(str, counts))
+
+
+def memory_table(rows: list[dict[str, Any]]) -> list[str]:
     dense = _find(rows, "dense", 0.0, "2x2")
     out = [
+        "| run | grid | seeds | density | params | grads | optimizer | compact grad | state total | vs dense 2x2 "
+        "| index | peak RSS (MB) | run's own peak RSS (MB) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        ref = dense or r
+        out.append(
+            f"| {_label(r)} | {r['grid']} | {len(r['seeds'])} | {pm(r, 'density', '.3f')} "
+            f"| {pm(r, 'params_bytes', '.2f', MB)} MB | {pm(r, 'grads_bytes', '.2f', MB)} MB "
+            f"| {pm(r, 'optimizer_bytes', '.2f', MB)} MB | {pm(r, 'compact_grad_bytes', '.2f', MB)} MB "
+            f"| **{pm(r, 'state_bytes_max', '.2f', MB)} MB** | {_pct(r['state_bytes_max'], ref['state_bytes_max'])} "
+            f"| {pm(r, 'index_bytes', '.2f', MB)} MB | {pm(r, 'peak_rss_bytes_max', '.0f', MB)} "
+            f"| {pm(r, 'run_peak_rss_bytes_max', '.0f', MB)} |"
+        )
+    return out
+
+
+def traffic_table(rows: list[dict[str, Any]]) -> list[str]:
+    dense = _find(rows, "dense", 0.0, "2x2")
+    out = [
+        "| run | grid | all-reduce bits | vs dense 2x2 | all-reduce s | barrier wait s | p2p bits | p2p + bubble s "
+        "| compute s | rest s | step s | perplexity | pruned nonzero | MLflow run ids |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        ref = dense or r
+        out.append(
+            f"| {_label(r)} | {r['grid']} | {pm(r, 'allreduce_bits_per_step_max', ',.0f')} "
+            f"| {_pct(r['allreduce_bits_per_step_max'], ref['allreduce_bits_per_step_max'])} "
+            f"| {pm(r, 'allreduce_transfer_seconds_median_max', '.4f')} "
+            f"| {pm(r, 'allreduce_wait_seconds_median_max', '.4f')} | {pm(r, 'p2p_bits_per_step_max', ',.0f')} "
+            f"| {pm(r, 'p2p_seconds_median_max', '.4f')} | {pm(r, 'compute_seconds_median_max', '.3f')} "
+            f"| {pm(r, 'rest_seconds_median_max', '.4f')} | {pm(r, 'step_seconds_median_max', '.3f')} "
+            f"| {pm(r, 'val_perplexity', '.3f')} | {r['pruned_nonzero']} "
+            f"| {', '.join(f'`{i}`' for i in r['mlflow_run_ids'] if i)} |"
+        )
+    return out
+
+
+def runs_section(rows: list[dict[str, Any]], train: dict[str, Any]) -> list[str]:
+    return [
         "\n## Training runs (train stage, 4 gloo ranks)\n",
         f"{train['steps']} steps of {train['batch_size']} sequences ({train['num_microbatches']} micro-batches per "
-        f"replica, {train['schedule']}) from the rewind state, the same batches for every run.\n",
+        f"replica, {train['schedule']}) from the rewind state, {_seeds(rows)} seed(s) per run: seed k draws the "
+        "same batches for every run, each seed its own. Every figure is the mean over seeds ± the half-width "
+        "of its 95 % Student-t interval; a figure without ± was the same in every seed. The masks and the "
+        "rewind state come from the one prune stage, so the model-state bytes and the bits sent are the same "
+        "in every seed: memory has no seed spread.\n",
         "\n### Memory per rank\n",
         "The largest rank's model state, counted from its tensors: fp32 parameters; the gradients that exist "
         "after a step; optimizer = fp32 master weights + m + v; the compact gradient buffer. Index bytes (the "
         "layout's int32 indices, or the CSR indices) apart, as in the paper's arithmetic. Peak RSS: the largest "
         "rank's VmHWM (reset at the run's start; torch and transformers are imported before it: "
         f"{min(r['rss_start_bytes_max'] for r in rows) / MB:.0f}-{max(r['rss_start_bytes_max'] for r in rows) / MB:.0f} MB "
-        "resident at the start), and the run's own: peak minus the resident memory at the run's start.\n",
-        "| run | grid | density | params | grads | optimizer | compact grad | state total | vs dense 2x2 | index "
-        "| peak RSS | run's own peak RSS |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        ref = dense or r
-        out.append(
-            f"| {_label(r)} | {r['grid']} | {r['density']:.3f} | {r['params_bytes'] / MB:.2f} MB "
-            f"| {r['grads_bytes'] / MB:.2f} MB | {r['optimizer_bytes'] / MB:.2f} MB | {r['compact_grad_bytes'] / MB:.2f} MB "
-            f"| **{r['state_bytes_max'] / MB:.2f} MB** | {_pct(r['state_bytes_max'], ref['state_bytes_max'])} "
-            f"| {r['index_bytes'] / MB:.2f} MB | {r['peak_rss_bytes_max'] / MB:.0f} MB | {r['run_peak_rss_bytes_max'] / MB:.0f} MB |"
-        )
-    out += [
+        "resident at the start, means over seeds), and the run's own: peak minus the resident memory at the "
+        "run's start.\n",
+        *memory_table(rows),
         "\n### Traffic and time per step\n",
         "Bits: what the largest-sending rank handed to the collective or to `isend`, per step. Seconds: medians "
         f"over the steps after the first {train['timing_skip']}, the largest rank's. All-reduce: the transfer "
         "(pack, collective, unpack) after a barrier, and the wait at that barrier for the other replica's "
         "backward. p2p: the pipeline phase outside this rank's compute, i.e. transfers *and* the bubble. "
         "Rest: optimizer step, zero_grad, the loss all-reduce. 4 ranks share 2 cores: seconds are noisy.\n",
-        "| run | grid | all-reduce bits | vs dense 2x2 | all-reduce s | barrier wait s | p2p bits | p2p + bubble s "
-        "| compute s | rest s | step s | perplexity | pruned nonzero | MLflow run id |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        *traffic_table(rows),
     ]
-    for r in rows:
-        ref = dense or r
-        out.append(
-            f"| {_label(r)} | {r['grid']} | {r['allreduce_bits_per_step_max']:,.0f} "
-            f"| {_pct(r['allreduce_bits_per_step_max'], ref['allreduce_bits_per_step_max'])} "
-            f"| {r['allreduce_transfer_seconds_median_max']:.4f} | {r['allreduce_wait_seconds_median_max']:.4f} "
-            f"| {r['p2p_bits_per_step_max']:,.0f} | {r['p2p_seconds_median_max']:.4f} | {r['compute_seconds_median_max']:.3f} "
-            f"| {r['rest_seconds_median_max']:.4f} | {r['step_seconds_median_max']:.3f} | {r['val_perplexity']:.3f} "
-            f"| {r['pruned_nonzero']} | `{r['mlflow_run_id']}` |"
-        )
-    return out
 
 
 def sputnik_section(rows: list[dict[str, Any]]) -> list[str]:
     out = [
         "\n## Sparse AxoNN against the Sputnik-like baseline (2x2)\n",
         "Same masks, same compact optimizer and all-reduce; the Sputnik-like model computes the pruned layers "
-        "as CSR matmuls (torch.sparse on CPU, MKL) instead of dense matmuls with zeros.\n",
+        "as CSR matmuls (torch.sparse on CPU, MKL) instead of dense matmuls with zeros. Sputnik / sparse AxoNN: "
+        "the ratio of the means over seeds (the claim below judges the per-seed ratios).\n",
         "| sparsity | sparse AxoNN step s | Sputnik-like step s | Sputnik / sparse AxoNN | compute s (AxoNN / Sputnik) "
         "| state MB (AxoNN / Sputnik) | perplexity (AxoNN / Sputnik) |",
         "|---:|---:|---:|---:|---:|---:|---:|",
@@ -209,11 +198,12 @@ def sputnik_section(rows: list[dict[str, Any]]) -> list[str]:
         if a is None:
             continue
         out.append(
-            f"| {100 * r['sparsity']:.0f} % | {a['step_seconds_median_max']:.3f} | {r['step_seconds_median_max']:.3f} "
+            f"| {100 * r['sparsity']:.0f} % | {pm(a, 'step_seconds_median_max', '.3f')} "
+            f"| {pm(r, 'step_seconds_median_max', '.3f')} "
             f"| {r['step_seconds_median_max'] / a['step_seconds_median_max']:.2f}x "
-            f"| {a['compute_seconds_median_max']:.3f} / {r['compute_seconds_median_max']:.3f} "
-            f"| {a['state_bytes_max'] / MB:.2f} / {r['state_bytes_max'] / MB:.2f} "
-            f"| {a['val_perplexity']:.3f} / {r['val_perplexity']:.3f} |"
+            f"| {pm(a, 'compute_seconds_median_max', '.3f')} / {pm(r, 'compute_seconds_median_max', '.3f')} "
+            f"| {pm(a, 'state_bytes_max', '.2f', MB)} / {pm(r, 'state_bytes_max', '.2f', MB)} "
+            f"| {pm(a, 'val_perplexity', '.3f')} / {pm(r, 'val_perplexity', '.3f')} |"
         )
     return out
 
@@ -254,100 +244,21 @@ def config_section(prune: dict[str, Any], rows: list[dict[str, Any]]) -> list[st
     if measured:
         capacity = c["fp32"]["capacity_bytes"]
         out += [
-            "\nMeasured (the train runs): the sparse model at the fewest stages that fit against dense at two.\n",
+            "\nMeasured (the train runs, means over seeds): the sparse model at the fewest stages that fit "
+            "against dense at two.\n",
             "| run | grid | state MB (largest rank) | within capacity | p2p bits/step | all-reduce bits/step "
             "| p2p + bubble s | all-reduce s | step s | perplexity |",
             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|",
         ]
         for r in measured:
             out.append(
-                f"| {_label(r)} | {r['grid']} | {r['state_bytes_max'] / MB:.2f} | "
-                f"{'yes' if r['state_bytes_max'] <= capacity else 'no'} | {r['p2p_bits_per_step_max']:,.0f} "
-                f"| {r['allreduce_bits_per_step_max']:,.0f} | {r['p2p_seconds_median_max']:.4f} "
-                f"| {r['allreduce_transfer_seconds_median_max']:.4f} | {r['step_seconds_median_max']:.3f} | {r['val_perplexity']:.3f} |"
+                f"| {_label(r)} | {r['grid']} | {pm(r, 'state_bytes_max', '.2f', MB)} | "
+                f"{'yes' if r['state_bytes_max'] <= capacity else 'no'} | {pm(r, 'p2p_bits_per_step_max', ',.0f')} "
+                f"| {pm(r, 'allreduce_bits_per_step_max', ',.0f')} | {pm(r, 'p2p_seconds_median_max', '.4f')} "
+                f"| {pm(r, 'allreduce_transfer_seconds_median_max', '.4f')} "
+                f"| {pm(r, 'step_seconds_median_max', '.3f')} | {pm(r, 'val_perplexity', '.3f')} |"
             )
     return out
-
-
-def _comm(r: dict[str, Any]) -> float:
-    """All-reduce transfer plus point to point (with the bubble, which p2p timing cannot separate)."""
-    return float(r["allreduce_transfer_seconds_median_max"] + r["p2p_seconds_median_max"])
-
-
-def claims(
-    rows: list[dict[str, Any]], prune: dict[str, Any], model: dict[str, Any] | None
-) -> list[dict[str, str]]:
-    """The paper's claims beside our measured figures and the model's."""
-    dense, s90 = _find(rows, "dense", 0.0, "2x2"), _find(rows, "sparse", 0.9, "2x2")
-    p90, d14 = _find(rows, "sparse", 0.9, "1x4", "packed"), _find(rows, "dense", 0.0, "1x4")
-    sp90 = _find(rows, "sputnik", 0.9, "2x2")
-    mixed = {(r["variant"], r["sparsity"]): r for r in prune["configurations"]["mixed"]["rows"]}
-    out = []
-    if dense and s90:
-        measured = f"fp32, 2x2, largest rank: {_pct(s90['state_bytes_max'], dense['state_bytes_max'])} (sparse AxoNN 90 %)"
-        if p90 and d14:
-            measured += f"; {_pct(p90['state_bytes_max'], d14['state_bytes_max'])} with packed gradients (1x4 against dense 1x4)"
-        one = str(prune["configurations"]["num_stages"][0])
-        arithmetic = _pct(
-            mixed[("sparse", 0.9)]["largest_stage_bytes"][one],
-            mixed[("dense", 0.0)]["largest_stage_bytes"][one],
-        )
-        measured += f"; mixed-precision arithmetic on our counted entries: {arithmetic}"
-        out.append({"claim": CLAIMS["memory"], "ours": measured, "model": _model(model, "memory_reduction")})
-        transfer = "allreduce_transfer_seconds_median_max"
-        comm = (
-            f"2x2: all-reduce bits {_pct(s90['allreduce_bits_per_step_max'], dense['allreduce_bits_per_step_max'])}, "
-            f"all-reduce seconds {_pct(s90[transfer], dense[transfer])}, all-reduce + p2p (with the bubble) "
-            f"seconds {_pct(_comm(s90), _comm(dense))}"
-        )
-        if p90:
-            comm += f"; sparse 90 % at 1x4 against dense 2x2: {_pct(_comm(p90), _comm(dense))}"
-        out.append({"claim": CLAIMS["comm"], "ours": comm, "model": _model(model, "comm_reduction")})
-        speed = f"2x2: {dense['step_seconds_median_max'] / s90['step_seconds_median_max'] - 1:+.1%} (dense step / sparse step - 1)"
-        if p90:
-            speed += f"; sparse 90 % at 1x4 against dense 2x2: {dense['step_seconds_median_max'] / p90['step_seconds_median_max'] - 1:+.1%}"
-        out.append({"claim": CLAIMS["speedup"], "ours": speed, "model": _model(model, "speedup", sign=True)})
-    if s90 and sp90:
-        out.append(
-            {
-                "claim": CLAIMS["sputnik"],
-                "ours": f"2x2, 90 %: sparse AxoNN {sp90['step_seconds_median_max'] / s90['step_seconds_median_max'] - 1:+.1%} faster than the Sputnik-like CSR baseline",
-                "model": "not modelled (needs sparse-kernel speeds)",
-            }
-        )
-    return out
-
-
-def measured_claims(
-    rows: list[dict[str, Any]], prune: dict[str, Any], model: dict[str, Any] | None
-) -> list[dict[str, Any]]:
-    """The claims as results/summary.md lists them: inconclusive, since one run per configuration at
-    CPU scale cannot decide a claim about 512 V100s and a 2.7B model; ours and the model's figures
-    beside the paper's."""
-    labels = {
-        CLAIMS["memory"]: "model state memory against dense AxoNN",
-        CLAIMS["comm"]: "communication time against dense AxoNN",
-        CLAIMS["speedup"]: "speed-up over dense AxoNN",
-        CLAIMS["sputnik"]: "speed-up over a Sputnik-like sparse baseline",
-    }
-    return [
-        {
-            "claim": f"sparse AxoNN's {labels[c['claim']]}",
-            "paper": c["claim"],
-            "ours": f"{c['ours']}; model of the paper's setting: {c['model']}",
-            "verdict": "inconclusive",
-            "reason": "one run per configuration at CPU scale (4 gloo ranks, a small GPT-2) against a claim "
-            "for 512 V100s and a 2.7B model",
-        }
-        for c in claims(rows, prune, model)
-    ]
-
-
-def _model(model: dict[str, Any] | None, key: str, sign: bool = False) -> str:
-    if model is None:
-        return "no cost-model fit"
-    value = model[key]
-    return f"{value:+.1%} (model)" if sign else f"-{value:.1%} (model)"
 
 
 def extrapolation(params: dict[str, Any], prune: dict[str, Any]) -> tuple[dict[str, Any] | None, list[str]]:
@@ -396,27 +307,38 @@ def markdown(
     params: dict[str, Any],
     scale: str,
     evaluations: dict[str, dict[str, Any]] | None = None,
-) -> tuple[str, dict[str, Any] | None]:
+) -> tuple[str, dict[str, Any] | None, list[dict[str, Any]]]:
+    """The report's text, the model of the paper's setting (None without a cost-model fit) and the
+    claims judged over seeds, each with the model's figure beside it."""
     train = prune["scale_config"]["train"]
     model, model_text = extrapolation(params, prune)
+    claims = with_model(judged_claims(rows, prune), model)
     lines = [
         f"# Sparse AxoNN: results at scale `{scale}`\n",
-        "Generated by `python -m papers.sparse_axonn.report` from `results/sparse_axonn/prune.json` and "
-        "`results/sparse_axonn/runs/` and `evaluations/`.\n",
+        "Generated by `python -m papers.sparse_axonn.report` from `results/sparse_axonn/prune.json`, "
+        "`results/sparse_axonn/runs/<run>/seed<k>/` and `evaluations/`.\n",
         *prune_section(prune, evaluations),
         *runs_section(rows, train),
         *sputnik_section(rows),
         *config_section(prune, rows),
-        "\n## The paper's claims beside ours\n",
-        "| claim (paper, 512 V100s) | ours, measured (CPU, 4 gloo ranks, small GPT-2) | model of the paper's setting |",
-        "|---|---|---|",
+        *claims_section(claims, prune, model),
+        *model_text,
     ]
-    lines += [f"| {c['claim']} | {c['ours']} | {c['model']} |" for c in claims(rows, prune, model)]
-    lines += model_text
-    return "\n".join(lines) + "\n", model
+    return "\n".join(lines) + "\n", model, claims
+
+
+def _halves(rows: list[dict[str, Any]], key: str, scale: float) -> list[float]:
+    """Each row's 95 % half-width of ``key`` times ``scale`` (0 where there is none: one seed)."""
+    out = []
+    for r in rows:
+        half = r.get(f"{key}_half")
+        out.append(scale * half if half is not None and math.isfinite(half) else 0.0)
+    return out
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """Model state by category, bytes sent and seconds per step against sparsity at 2x2 (means over
+    seeds; the seconds with their 95 % intervals as error bars)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -446,15 +368,19 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     ax.plot(xs, [r["p2p_bits_per_step_max"] / 8 / MB for r in grid_rows], marker="s", label="point to point")
     ax.set(title="bytes sent per step, largest rank (2x2)", xlabel="sparsity (%)", ylabel="MB")
     ax = axes[0][2]
-    ax.plot(
-        xs,
-        [1e3 * r["allreduce_transfer_seconds_median_max"] for r in grid_rows],
-        marker="o",
-        label="all-reduce",
+    for key, marker, label in (
+        ("allreduce_transfer_seconds_median_max", "o", "all-reduce"),
+        ("p2p_seconds_median_max", "s", "p2p + bubble"),
+        ("step_seconds_median_max", "^", "step"),
+    ):
+        means = [1e3 * r[key] for r in grid_rows]
+        ax.errorbar(xs, means, yerr=_halves(grid_rows, key, 1e3), marker=marker, capsize=3, label=label)
+    seeds = _seeds(grid_rows) if grid_rows else "0"
+    ax.set(
+        title=f"seconds per step (median, largest rank; 2x2)\nmean over {seeds} seed(s), bars: 95 % interval",
+        xlabel="sparsity (%)",
+        ylabel="ms",
     )
-    ax.plot(xs, [1e3 * r["p2p_seconds_median_max"] for r in grid_rows], marker="s", label="p2p + bubble")
-    ax.plot(xs, [1e3 * r["step_seconds_median_max"] for r in grid_rows], marker="^", label="step")
-    ax.set(title="seconds per step (median, largest rank; 2x2)", xlabel="sparsity (%)", ylabel="ms")
     ax.set_yscale("log")
     save_panels(fig, axes, path)
 
@@ -466,16 +392,15 @@ def main() -> None:
     if not prune_file.exists():
         raise SystemExit(f"no {prune_file}: run the prune stage first")
     prune = json.loads(prune_file.read_text())
-    rows = collect()
-    text, model = markdown(rows, prune, params, params["scale"], _evaluations(OUT))
-    for r in rows:
-        r["mlflow_run_id"] = r["mlflow_run_id"] or ""
+    rows = collect(RUNS)
+    text, model, claims = markdown(rows, prune, params, params["scale"], _evaluations(OUT))
     finish_report(PIPELINE, rows, text, plot, "val_perplexity")
     report = json.loads((OUT / "report.json").read_text())  # finish_report wrote the rows
     if model is not None:  # the model beside them
         report["model"] = model
-    report["measured_claims"] = measured_claims(rows, prune, model)
-    atomic_write_json(OUT / "report.json", report)
+    report["claims"] = claims  # results/summary.md lists them, judged over seeds
+    report["not_tested"] = NOT_TESTED  # listed, never counted as a verdict
+    atomic_write_json(OUT / "report.json", finite(report))
 
 
 if __name__ == "__main__":
