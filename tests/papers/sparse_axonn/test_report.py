@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from common.paths import REPO_ROOT
 from harness.params import load_params
 from harness.verdict import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, mean_interval
 from papers.sparse_axonn import claims as sax_claims
 from papers.sparse_axonn import report
 from papers.sparse_axonn.runs import collect
 from pipelines import summary
+from trainer.paths import REPO_ROOT
 
 SEEDS = (0, 1, 2)
 NUM_PARAMS, NUM_PRUNABLE = 1000, 900  # rho = 1 - 0.9 * 0.9 = 0.19: state bound (8 + 16 rho) / 16 = 0.69
