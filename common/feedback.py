@@ -47,6 +47,23 @@ class ErrorFeedback:
         # bucket) comes from the kernel each time, page faults and all: 46 ms for ``flat +
         # residual`` against 8 ms into a reused one (one core).
         self._spare: dict[tuple[str, ...], Tensor] = {}
+        # layout -> where what the compressor kept is decoded (``sent_buffer``), reused each step
+        self._sent: dict[tuple[str, ...], Tensor] = {}
+
+    def sent_buffer(self, keys: Sequence[str], like: Tensor) -> Tensor:
+        """A flat buffer shaped like ``like`` for what this step's compression of ``keys`` sends,
+        decoded (``Compressor.decompress_into``; read by :meth:`update`), allocated once per
+        layout (a fresh one per step costs its page faults on a CPU, as ``_spare`` says)."""
+        key = tuple(keys)
+        buffer = self._sent.get(key)
+        if (
+            buffer is None
+            or buffer.numel() != like.numel()
+            or buffer.dtype != like.dtype
+            or buffer.device != like.device
+        ):
+            buffer = self._sent[key] = torch.empty(like.numel(), dtype=like.dtype, device=like.device)
+        return buffer
 
     def residual(self, key: str, like: Tensor) -> Tensor:
         """The stored residual for ``key`` (flat), or zeros shaped like ``like`` if none yet."""
@@ -128,7 +145,7 @@ class ErrorFeedback:
 
     def load_state_dict(self, state: dict[str, dict[str, Tensor]]) -> None:
         self.residuals = {k: v.clone() for k, v in state["residuals"].items()}
-        self._flat, self._spare = {}, {}
+        self._flat, self._spare, self._sent = {}, {}, {}
 
     def _current(self, keys: Sequence[str]) -> Tensor | None:
         """The bucket buffer of ``keys`` if every one of their residuals is still its slice."""

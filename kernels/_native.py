@@ -527,16 +527,30 @@ def sign_pack(x_N: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def sign_decode(packed_W_M: torch.Tensor, scales_W: torch.Tensor | None, numel: int) -> torch.Tensor:
+def sign_decode(
+    packed_W_M: torch.Tensor, scales_W: torch.Tensor | None, numel: int, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """fp32 ``[numel]``: each worker's signs times its scale (1 without scales), summed in worker
-    order (the first worker's term itself, then ``+``), in one compiled pass."""
+    order (the first worker's term itself, then ``+``), in one compiled pass; into ``out`` (fp32,
+    contiguous, ``numel`` entries, memory of its own) when given."""
     _check_cpu(torch.uint8, packed=packed_W_M)
     workers, row_bytes = packed_W_M.shape
     if row_bytes != -(-numel // 8) or (scales_W is not None and scales_W.numel() != workers):
         raise ValueError(f"{numel} signs need {-(-numel // 8)} bytes a worker and one scale each")
     if scales_W is not None:
         _check_cpu(torch.float32, scales=scales_W)
-    out = torch.empty(numel, dtype=torch.float32)
+    if out is None:
+        out = torch.empty(numel, dtype=torch.float32)
+    elif (
+        out.dtype != torch.float32
+        or out.device.type != "cpu"
+        or not out.is_contiguous()
+        or out.numel() != numel
+    ):
+        raise ValueError(
+            f"out must be a contiguous fp32 CPU tensor of {numel} entries, got {out.dtype} "
+            f"{tuple(out.shape)} on {out.device} (contiguous: {out.is_contiguous()})"
+        )
     scales_ptr = scales_W.data_ptr() if scales_W is not None else None
     _lib().tw_sign_decode(packed_W_M.data_ptr(), workers, row_bytes, numel, scales_ptr, out.data_ptr())
     return out

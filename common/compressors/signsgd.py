@@ -27,7 +27,7 @@ from torch import Tensor
 from kernels import _native, pack_bits, unpack_bits
 from kernels.pack_bits.reference import lookup_bytes
 
-from .base import Compressor, CompressorRNG, Payload
+from .base import Compressor, CompressorRNG, Payload, check_out
 from .segments import SegmentDraws, Segments
 
 VOTES = ("mean", "majority")
@@ -86,16 +86,41 @@ class SignSGD(Compressor):
         bits = unpack_bits(packed, 1, payload.numel)
         return 1.0 - 2.0 * bits.to(torch.float32)
 
-    def _decoded_sum(self, payloads: Sequence[Payload], scaled: bool) -> Tensor | None:
+    def _decoded_sum(
+        self, payloads: Sequence[Payload], scaled: bool, out: Tensor | None = None
+    ) -> Tensor | None:
         """The payloads' decodings (signs times scales where ``scaled``) summed in rank order by
         one compiled pass on a CPU (the same values as :meth:`decompress` and ``+``, each product a
-        sign times a scale, exact); None where it does not apply (a GPU, another dtype)."""
+        sign times a scale, exact), into ``out`` (fp32, contiguous) when given, else a fresh
+        tensor; None where it does not apply (a GPU, another dtype)."""
         first = payloads[0].wire["signs"]
         if first.device.type != "cpu" or payloads[0].dtype != torch.float32 or not _native.available():
             return None
         packed_W_M = first[None] if len(payloads) == 1 else torch.stack([p.wire["signs"] for p in payloads])
         scales_W = torch.cat([p.wire["scale"].reshape(1).float() for p in payloads]) if scaled else None
-        return _native.sign_decode(packed_W_M.contiguous(), scales_W, payloads[0].numel)
+        flat = out.view(-1) if out is not None else None
+        return _native.sign_decode(packed_W_M.contiguous(), scales_W, payloads[0].numel, out=flat)
+
+    def _into(self, payloads: Sequence[Payload], scaled: bool, out: Tensor) -> bool:
+        """Whether the compiled pass decoded ``payloads`` straight into ``out`` (fp32, contiguous)."""
+        if out.dtype != torch.float32 or not out.is_contiguous():
+            return False
+        return self._decoded_sum(payloads, scaled, out) is not None
+
+    def decompress_into(self, payload: Payload, out: Tensor) -> Tensor:
+        """:meth:`decompress` written into ``out`` by the compiled pass where it applies (no fresh
+        bucket-sized tensor: error feedback's ``sent`` and the all-gather route's mean)."""
+        check_out(payload, out)
+        if not self._into([payload], self.scaled, out):
+            out.copy_(self.decompress(payload).reshape(out.shape))
+        return out
+
+    def aggregate_into(self, payloads: Sequence[Payload], out: Tensor) -> Tensor:
+        check_out(payloads[0], out)
+        if self.vote == "mean" and self._into(payloads, self.scaled, out):
+            return out
+        out.copy_(self.aggregate(payloads).reshape(out.shape))
+        return out
 
     def decompress(self, payload: Payload) -> Tensor:
         fast = self._decoded_sum([payload], self.scaled)

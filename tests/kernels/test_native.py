@@ -504,3 +504,23 @@ def test_ef_update_copies_the_new_v_out_in_the_same_pass(numel: int, backend: st
     ):
         with pytest.raises(ValueError, match=message):
             ef_update(u, v, g, 0.9, **{"backend": backend, **bad})
+
+
+@pytest.mark.parametrize("numel", [1, 7, 4097])
+def test_sign_decode_into_a_dirty_buffer_equals_a_fresh_one(numel: int) -> None:
+    """What error feedback's reused ``sent`` buffer and the all-gather route's bucket receive."""
+    g = torch.Generator().manual_seed(numel)
+    packed = torch.randint(0, 256, (3, -(-numel // 8)), dtype=torch.uint8, generator=g)
+    scales = torch.rand(3, generator=g)
+    fresh = _native.sign_decode(packed, scales, numel)
+    out = torch.full((numel,), float("nan"))
+    assert _native.sign_decode(packed, scales, numel, out=out) is out
+    assert torch.equal(out, fresh)
+    with pytest.raises(
+        ValueError, match=rf"out must be a contiguous fp32 CPU tensor of {numel} entries, got torch.float64"
+    ):
+        _native.sign_decode(packed, scales, numel, out=torch.empty(numel, dtype=torch.float64))
+    if numel == 1:
+        return  # one entry: every view of it is contiguous
+    with pytest.raises(ValueError, match=r"contiguous: False"):
+        _native.sign_decode(packed, scales, numel, out=torch.empty(2 * numel)[::2])

@@ -130,7 +130,11 @@ class PlainRoute:
             # sparsifier's is its (indices, values): the residual update then needs no dense
             # decompression (a bucket-sized fresh tensor: 30-35 ms at 11.2M entries, one core).
             sparse = self._sparse_sent(payload, flat, compensated) if ef is not None else None
-            sent = host.compressor.decompress(payload) if ef is not None and sparse is None else None
+            sent = (
+                host.compressor.decompress_into(payload, ef.sent_buffer(names, compensated))
+                if ef is not None and sparse is None
+                else None
+            )
             if sent is not None and host.use_allreduce:
                 # The all-reduce sums in place: wire tensors that alias what the residual update
                 # still reads (identity's wire *is* the compensated gradient) are copied first.
