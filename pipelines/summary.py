@@ -2,12 +2,13 @@
 
     python -m pipelines.summary
 
-The claims table gathers every ``results/<pipeline>/report.json``'s ``claims`` (judged by
-:mod:`harness.verdict` over seeds: ours against its baseline with the 95 % interval of the
-difference) and ``measured_claims`` (claims about time, density or memory measured once per
-configuration, each with its own verdict and why), each beside the paper's own figure (a claim's
-``paper``). It names the commits every run recorded (:func:`run_shas`). Then each ``report.md``
-follows, its headings one level down.
+The claims table gathers every ``results/<pipeline>/report.json``'s ``claims``, each judged by
+:mod:`harness.verdict` over seeds (ours against its baseline with the 95 % interval of the
+difference; release 2 judges time, density, cost and memory claims this way too), beside the
+paper's own figure (a claim's ``paper``). A report's ``not_tested`` (claims of the paper no run
+here can decide, and why) is listed under the table and never counted as a verdict. It names the
+commits every run recorded (:func:`run_shas`). Then each ``report.md`` follows, its headings one
+level down.
 """
 
 from __future__ import annotations
@@ -65,22 +66,6 @@ def judged_row(pipeline: str, claim: dict[str, Any]) -> str:
     return "| " + " | ".join(_cell(c) for c in cells) + " |"
 
 
-def measured_row(pipeline: str, claim: dict[str, Any]) -> str:
-    """A claim measured once per configuration: what we measured, the verdict and why."""
-    verdict = claim["verdict"] if claim["verdict"] == "inconclusive" else f"**{claim['verdict']}**"
-    cells = (
-        f"{pipeline}: {claim['claim']}",
-        claim["paper"],
-        claim["ours"],
-        "-",
-        "1 run",
-        "-",
-        verdict,
-        claim["reason"],
-    )
-    return "| " + " | ".join(_cell(c) for c in cells) + " |"
-
-
 def run_shas() -> dict[str, set[str]]:
     """pipeline -> the commits its runs recorded: the ``git_sha`` of every ``run.json`` under
     ``results/<pipeline>/`` and of sparse AxoNN's ``prune.json`` (the suite's ``recipe_pilot``, the
@@ -100,12 +85,19 @@ def run_shas() -> dict[str, set[str]]:
 def claims_section() -> str:
     lines, counts, sources = [], dict.fromkeys(VERDICTS, 0), []
     why: dict[str, int] = {}
+    untested: list[str] = []
     for path in sorted(RESULTS_DIR.glob("*/report.json")):
         report = json.loads(path.read_text())
-        judged, measured = report.get("claims") or [], report.get("measured_claims") or []
-        if not judged and not measured:
-            continue
+        if "measured_claims" in report:
+            raise SystemExit(
+                f"{path} has 'measured_claims', which release 2 replaced by claims judged over seeds: "
+                f"rerun that pipeline's report stage (dvc repro <its dvc.yaml>:report)"
+            )
+        judged = report.get("claims") or []
         pipeline = path.parent.name
+        untested += [f"- {pipeline}: {c['paper']}: {c['why']}." for c in report.get("not_tested") or []]
+        if not judged:
+            continue
         sources.append(pipeline)
         for claim in judged:
             lines.append(judged_row(pipeline, claim))
@@ -113,26 +105,38 @@ def claims_section() -> str:
             if claim["verdict"] == "inconclusive":
                 kind = why_inconclusive(claim["reason"])
                 why[kind] = why.get(kind, 0) + 1
-        for claim in measured:
-            lines.append(measured_row(pipeline, claim))
-            counts[claim["verdict"]] += 1
     if not lines:
         return ""
+    short = why.get("too few seeds", 0)
     return (
         "\n## Every claim\n\n"
         f"From the reports of {', '.join(sources)}: {counts['reproduced']} reproduced, "
         f"{counts['not reproduced']} not reproduced, {counts['inconclusive']} inconclusive"
-        + (f" (judged over seeds: {', '.join(f'{n} for {kind}' for kind, n in why.items())})" if why else "")
-        + ". Judged over seeds (harness/verdict.py): Δ = ours minus the baseline it is compared with "
-        "(accuracy in points, losses in nats, times in seconds), with its 95 % interval over seeds; reproduced when the "
-        "interval lies inside the claim on Δ, not reproduced when outside it, inconclusive otherwise, "
-        "with too few seeds, or when the baseline failed its convergence check (release 2: fp32 at twice "
-        "the epochs moved by the claims' tolerance or more). Measured once per configuration (time, "
-        "density, memory): the verdict and its reason are the report's. The paper's figures come from "
-        "`../shared/research/papers.md` with its confidence tags ([ABS] abstract, [CODE] official code, "
-        "[POSTER], [MEM] from memory of the paper: verify).\n\n"
+        + (f" ({', '.join(f'{n} for {kind}' for kind, n in why.items())})" if why else "")
+        + ". "
+        + (
+            f"**{short} claim(s) are inconclusive for lack of seeds**: their pipelines have runs to add.\n\n"
+            if short
+            else "No claim is inconclusive for lack of seeds.\n\n"
+        )
+        + "Δ = ours minus the baseline it is compared with (accuracy in points, losses in nats, "
+        "times in seconds), with its 95 % interval over seeds (harness/verdict.py); reproduced when the "
+        "interval lies inside the claim on Δ, not reproduced when outside it, inconclusive when it "
+        "straddles a bound, with too few seeds, or when the baseline failed its convergence check "
+        "(release 2: fp32 at twice the epochs moved by the claims' tolerance or more). The paper's "
+        "figures come from `../shared/research/papers.md` with its confidence tags ([ABS] abstract, "
+        "[CODE] official code, [POSTER], [MEM] from memory of the paper: verify).\n\n"
         "| claim | the paper | ours | 95 % interval | seeds | claim on Δ | verdict | why |\n"
-        "|---|---|---|---|---|---|---|---|\n" + "\n".join(lines) + "\n"
+        "|---|---|---|---|---|---|---|---|\n"
+        + "\n".join(lines)
+        + "\n"
+        + (
+            "\nClaims of the papers that no run here can decide (listed, not counted):\n\n"
+            + "\n".join(untested)
+            + "\n"
+            if untested
+            else ""
+        )
     )
 
 

@@ -55,15 +55,15 @@ def results(tmp_path, monkeypatch):
         },
         "matcha": {
             "rows": [{"git_sha": "abc1234"}],
-            "measured_claims": [
-                {
-                    "claim": "MATCHA: less time",
-                    "paper": "up to 5x [ABS]",
-                    "ours": "1.23x",
-                    "verdict": "inconclusive",
-                    "reason": "one seed",
-                }
+            "claims": [
+                _judged(
+                    "MATCHA: less time",
+                    "inconclusive",
+                    paper="up to 5x [ABS]",
+                    reason="the interval straddles a bound of the claim",
+                )
             ],
+            "not_tested": [{"paper": "32 % faster than DeepSpeed-3D [ABS]", "why": "no baseline built"}],
         },
         "baseline": {"rows": [{"git_sha": "abc1234"}]},
     }.items():
@@ -84,8 +84,12 @@ def test_every_claim_is_one_row_beside_the_papers_figure(results):
     text = summary.claims_section()
     rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| claim")]
     assert len(rows) == 4
-    assert "1 reproduced, 0 not reproduced, 3 inconclusive (judged over seeds: 1 for too few seeds, " in text
-    assert "1 for a baseline that failed or lacks its convergence check)" in text
+    assert (
+        "1 reproduced, 0 not reproduced, 3 inconclusive (1 for an interval straddling a bound, "
+        "1 for too few seeds, 1 for a baseline that failed or lacks its convergence check)"
+        in text
+    )
+    assert "**1 claim(s) are inconclusive for lack of seeds**" in text
     failed = next(r for r in rows if "QSGD" in r)
     assert (
         "baseline failed the pre-registered 2x-epochs check: 2x the epochs changed its metric by +1.3"
@@ -97,9 +101,27 @@ def test_every_claim_is_one_row_beside_the_papers_figure(results):
     single = next(r for r in rows if "MNIST" in r)
     assert "it \\| loses nothing" in single  # a | in a claim does not split the row
     assert "none (1 seed)" in single and "1 vs 3" in single
-    measured = next(r for r in rows if "MATCHA" in r)
-    assert measured.startswith("| matcha: MATCHA: less time | up to 5x [ABS] | 1.23x | - | 1 run |")
+    assert next(r for r in rows if "MATCHA" in r).startswith("| matcha: MATCHA: less time | up to 5x [ABS] |")
     assert all(r.count(" | ") == 7 for r in rows)  # eight cells each
+    # a paper's claim no run can decide is listed under the table, not counted
+    assert "- matcha: 32 % faster than DeepSpeed-3D [ABS]: no baseline built." in text
+
+
+def test_every_seed_short_claim_gone_is_said(results):
+    path = results / "terngrad" / "report.json"
+    report = json.loads(path.read_text())
+    report["claims"] = [c for c in report["claims"] if "MNIST" not in c["claim"]]
+    path.write_text(json.dumps(report))
+    assert "No claim is inconclusive for lack of seeds." in summary.claims_section()
+
+
+def test_a_report_of_release_1s_form_is_refused_with_how_to_fix(results):
+    path = results / "matcha" / "report.json"
+    path.write_text(json.dumps({"measured_claims": [{"claim": "x"}]}))
+    with pytest.raises(
+        SystemExit, match="matcha/report.json has 'measured_claims'.*rerun that pipeline's report"
+    ):
+        summary.claims_section()
 
 
 def test_the_summary_names_the_commit_of_every_run(results):
