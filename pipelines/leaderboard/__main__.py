@@ -1,7 +1,7 @@
 """The leaderboard: every method of the task suite, time to fp32's converged metric, per link rate.
 
     python -m pipelines.leaderboard                     (train every group, then the report)
-    python -m pipelines.leaderboard --group cifar_s0    (one root ``leaderboard_train`` stage)
+    python -m pipelines.leaderboard --group cifar_s0_a  (one root ``leaderboard_train`` stage)
     python -m pipelines.leaderboard --report-only       (the root ``leaderboard`` stage)
 
 Methods and recipes are the task suite's (``pipelines/suite``): ``<task>_<method>`` runs, 2 ranks.
@@ -44,7 +44,15 @@ from harness.folders import RESULTS_DIR
 from harness.params import load_params
 from harness.report import log_report, read_csv
 from pipelines.leaderboard.report import markdown, plot
-from pipelines.leaderboard.training import PIPELINE, Settings, groups, launch_group, settings, stop_at
+from pipelines.leaderboard.training import (
+    PIPELINE,
+    Settings,
+    groups,
+    launch_group,
+    modelled_group,
+    settings,
+    stop_at,
+)
 from trainer.fileio import atomic_write_json, atomic_write_text
 
 OUT = RESULTS_DIR / PIPELINE
@@ -120,7 +128,7 @@ def seed_runs(cfg: Settings, task: str, run: str, rate: str, out: Path) -> dict[
     runs = out / "runs"
     if task == cfg.measured_task:
         return {s: _seed_run(runs / f"{task}_{rate}" / run / f"seed{s}") for s in cfg.seeds}
-    return {s: _seed_run(runs / f"{task}_s{s}" / run / f"seed{s}") for s in cfg.seeds}
+    return {s: _seed_run(runs / modelled_group(cfg, run, s) / run / f"seed{s}") for s in cfg.seeds}
 
 
 def _mean(values: list[float]) -> float:
@@ -289,7 +297,7 @@ def main(argv: list[str] | None = None) -> None:
         "--group",
         default=None,
         help="train only this group of runs (a root leaderboard_train stage: <measured task>_<rate>, "
-        "<task>_s<seed>, spot_<rate>), no report",
+        "<task>_s<seed>[_<part>], spot_<rate>), no report",
     )
     args = parser.parse_args(argv)
     quiet_environment()

@@ -9,8 +9,10 @@ steps". The runs are grouped so that each group is one DVC stage (root ``dvc.yam
 
 - ``<measured_task>_<rate>``: the measured task over links shaped to each rate of
   ``stage.bandwidths``, every seed (one network namespace per rank);
-- ``<task>_s<seed>``: each modelled task, unshaped, one seed per group (the modelled time is the
-  steps it took x the cost model's step at each rate);
+- ``<task>_s<seed>_<part>``: each modelled task, unshaped, one seed per group and at most
+  ``stage.group_runs`` methods (parts ``a``, ``b``, ... in the order of ``stage.methods``; no part
+  suffix when one group holds them all). The modelled time is the steps it took x the cost model's
+  step at each rate;
 - ``spot_<rate>``: ``stage.spot_checks``, modelled runs measured over shaped links too (seed 0).
 
 Runs land in ``results/leaderboard/runs/<group>/<task>_<method>/seed<k>/``.
@@ -48,6 +50,7 @@ class Settings:
     extrapolation: dict[str, Any]
     stretch: int = 2  # every method may train up to this many times fp32's steps
     seeds: tuple[int, ...] = (0, 1, 2)
+    group_runs: int | None = None  # the most methods in one modelled task's group (None: all)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +103,14 @@ def settings(suite_runs: list[str], overrides: dict[str, Any] | None = None) -> 
         )
     if len(set(seeds)) != len(seeds) or any(s < 0 for s in seeds):
         raise ValueError(f"stage.seeds must be distinct non-negative integers, got {seeds}")
+    group_runs = stage.get("group_runs")
+    if group_runs is not None and (
+        isinstance(group_runs, bool) or not isinstance(group_runs, int) or group_runs < 1
+    ):
+        raise ValueError(
+            f"stage.group_runs must be a positive integer (the most methods in one modelled group) or "
+            f"absent (all in one), got {group_runs!r}"
+        )
     target = dict(stage.get("target") or {})
     return Settings(
         tasks=tasks,
@@ -112,6 +123,7 @@ def settings(suite_runs: list[str], overrides: dict[str, Any] | None = None) -> 
         extrapolation=dict(stage.get("extrapolation") or {}),
         stretch=stretch,
         seeds=tuple(seeds),
+        group_runs=group_runs,
     )
 
 
@@ -123,11 +135,24 @@ def groups(cfg: Settings) -> dict[str, Group]:
         if task == cfg.measured_task:
             out |= {f"{task}_{rate}": Group(task, runs, cfg.seeds, rate) for rate in cfg.bandwidths}
         else:
-            out |= {f"{task}_s{seed}": Group(task, runs, (seed,), None) for seed in cfg.seeds}
+            size = cfg.group_runs or len(runs)
+            parts = [runs[i : i + size] for i in range(0, len(runs), size)]
+            for seed in cfg.seeds:
+                for index, part in enumerate(parts):
+                    name = f"{task}_s{seed}" + (f"_{chr(ord('a') + index)}" if len(parts) > 1 else "")
+                    out[name] = Group(task, part, (seed,), None)
     for rate in dict.fromkeys(rate for _, rate in cfg.spot_checks):
         spots = [run for run, r in cfg.spot_checks if r == rate]
         out[f"spot_{rate}"] = Group(spots[0].split("_", 1)[0], spots, (cfg.seeds[0],), rate)
     return out
+
+
+def modelled_group(cfg: Settings, run: str, seed: int) -> str:
+    """The name of the unshaped group that trains ``run`` at ``seed`` (a modelled task's run)."""
+    for name, group in groups(cfg).items():
+        if group.rate is None and run in group.runs and seed in group.seeds:
+            return name
+    raise ValueError(f"no unshaped leaderboard group trains {run} at seed {seed}")
 
 
 def stop_at(task: str, target: float) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -143,7 +144,7 @@ def test_the_root_stages_train_every_group_of_the_params():
     import yaml
 
     from harness.params import load_params
-    from pipelines.leaderboard.training import groups, settings
+    from pipelines.leaderboard.training import groups, modelled_group, settings
     from trainer.paths import REPO_ROOT
 
     cfg = settings(list(load_params("suite")["runs"]))
@@ -154,5 +155,31 @@ def test_the_root_stages_train_every_group_of_the_params():
     assert (
         measured.rate == "100mbit" and measured.seeds == (0, 1, 2) and len(measured.runs) == len(cfg.methods)
     )
-    assert groups(cfg)["cifar_s1"].seeds == (1,) and groups(cfg)["cifar_s1"].rate is None
+    # a modelled task: one seed and at most group_runs methods per group, every method once per seed
+    assert cfg.group_runs == 4
+    parts = [g for name, g in groups(cfg).items() if name.startswith("cifar_s1_")]
+    assert [len(g.runs) for g in parts] == [4, 4, 4, 2]
+    assert [r for g in parts for r in g.runs] == [f"cifar_{m}" for m in cfg.methods]
+    assert all(g.seeds == (1,) and g.rate is None for g in parts)
+    assert modelled_group(cfg, "cifar_dgc", 1) == "cifar_s1_b"
     assert groups(cfg)["spot_100mbit"].runs == ["cifar_fp32", "cifar_dgc"]
+
+
+@pytest.mark.parametrize("bad", [0, -2, 1.5, True, "4"])
+def test_a_bad_group_size_is_refused_naming_it(bad):
+    from harness.params import load_params
+    from pipelines.leaderboard.training import settings
+
+    with pytest.raises(ValueError, match=rf"stage.group_runs must be a positive integer .* got {bad!r}"):
+        settings(list(load_params("suite")["runs"]), {"group_runs": bad})
+
+
+def test_without_a_group_size_a_modelled_seed_is_one_group():
+    from harness.params import load_params
+    from pipelines.leaderboard.training import groups, modelled_group, settings
+
+    cfg = dataclasses.replace(settings(list(load_params("suite")["runs"])), group_runs=None)
+    assert groups(cfg)["shakespeare_s2"].runs == [f"shakespeare_{m}" for m in cfg.methods]
+    assert modelled_group(cfg, "shakespeare_fp32", 2) == "shakespeare_s2"
+    with pytest.raises(ValueError, match="no unshaped leaderboard group trains cifar_fp32 at seed 7"):
+        modelled_group(cfg, "cifar_fp32", 7)
