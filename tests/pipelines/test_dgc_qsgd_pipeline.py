@@ -44,11 +44,11 @@ def dgc_length(length_suite, tmp_path_factory) -> Path:
 def test_the_length_study_judges_dgc_at_2x_and_4x_the_steps(dgc_length, length_suite):
     (study,) = json.loads((dgc_length / "report.json").read_text())["length"]
     assert study["task"] == "cifar" and study["method"] == "dgc"
-    # the recipe's 10 epochs stretched to 20 and 40; at smoke scale max_steps 6 stretched to 12 and 24
+    # the recipe's 20 epochs stretched to 40 and 80; at smoke scale max_steps 6 stretched to 12 and 24
     assert [(r["factor"], r["epochs"], r["steps"]) for r in study["rows"]] == [
-        (1, 10, 6),
-        (2, 20, 12),
-        (4, 40, 24),
+        (1, 20, 6),
+        (2, 40, 12),
+        (4, 80, 24),
     ]
     assert all(r["seeds"] == [1, 1] and not r["enough_seeds"] for r in study["rows"])  # 1 of the 3 needed
     assert study["verdict"].startswith("undecided: not reproduced at any length")

@@ -103,7 +103,7 @@ def test_every_run_composes_and_the_dvc_stages_list_every_run():
     assert sorted(listed) == sorted(r for r in params["runs"] if not r.startswith("paper_"))
     # every run a claim reads over 3 seeds: the selectors (accuracy), the cost runs (selection cost)
     assert {g: spec["seeds"] for g, spec in groups.items()} == dict.fromkeys(
-        ("cifar", "shakespeare", "cost_w2", "cost_w4", "cost_w8"), "0,1,2"
+        ("cifar", "cifar_b", "shakespeare", "cost_w2", "cost_w4", "cost_w8"), "0,1,2"
     )
     # the cost runs keep the suite's 32 windows per step at every W
     for world in (2, 4, 8):
