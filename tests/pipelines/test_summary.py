@@ -86,8 +86,7 @@ def test_every_claim_is_one_row_beside_the_papers_figure(results):
     assert len(rows) == 4
     assert (
         "1 reproduced, 0 not reproduced, 3 inconclusive (1 for an interval straddling a bound, "
-        "1 for too few seeds, 1 for a baseline that failed or lacks its convergence check)"
-        in text
+        "1 for too few seeds, 1 for a baseline that failed or lacks its convergence check)" in text
     )
     assert "**1 claim(s) are inconclusive for lack of seeds**" in text
     failed = next(r for r in rows if "QSGD" in r)
