@@ -95,7 +95,7 @@ def test_the_length_study_judges_def_at_2x_and_4x_the_steps(def_length):
     report = json.loads((def_length / "report.json").read_text())
     (study,) = report["length"]
     assert (study["task"], study["method"]) == ("cifar", "def")
-    assert [(r["epochs"], r["steps"]) for r in study["rows"]] == [(10, 6), (20, 12), (40, 24)]
+    assert [(r["epochs"], r["steps"]) for r in study["rows"]] == [(20, 6), (40, 12), (80, 24)]
     assert (
         study["verdict"].startswith("undecided")
         and study["verdict"] in (def_length / "report.md").read_text()
