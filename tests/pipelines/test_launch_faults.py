@@ -38,6 +38,16 @@ NAN_LINE = (
 )
 
 
+# rank 0's tqdm bar ends its last redraw without a newline, so a line the launcher writes after it
+# (or another rank's traceback) can share the bar's line: split them again
+_BAR = re.compile(r"(train:\s*\d+%\|[^|\n]*\|[^\[\n]*\[[^\]\n]*\])(?=.)")
+
+
+def _lines(stderr: str) -> list[str]:
+    """The launch's stderr as non-blank lines, a progress bar's last redraw on a line of its own."""
+    return [line for line in _BAR.sub(r"\1\n", stderr).splitlines() if line.strip()]
+
+
 def _children(pid: int) -> list[int]:
     path = Path(f"/proc/{pid}/task/{pid}/children")
     return [int(p) for p in path.read_text().split()] if path.exists() else []
@@ -122,7 +132,7 @@ def test_a_nan_is_not_retried_and_the_last_line_names_the_rank_and_the_cause(tmp
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     command = [sys.executable, "-m", "pipelines.launch", str(pipeline), "r", "--out", str(out)]
     result = run_group(command, timeout=400, env=env)
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    lines = _lines(result.stderr)
     assert result.returncode == 1, result.stderr[-3000:]
     assert (out / "killed-once").exists()  # the first attempt was the killed one
     attempts = [line for line in lines if line.startswith("launch: attempt")]
@@ -148,7 +158,7 @@ def test_behind_shaped_links_a_nan_is_not_retried_either(tmp_path):
     command = [sys.executable, "-m", "pipelines.launch", str(pipeline), "r", "--out", str(out),
                "--net-bandwidth", "1gbit"]  # fmt: skip
     result = run_group(command, timeout=400, env=env)
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    lines = _lines(result.stderr)
     assert result.returncode == EXIT_NO_RETRY, result.stderr[-3000:]
     assert (out / "killed-once").exists()  # the first attempt was the killed one
     assert f"rank 1 was killed by signal {signal.SIGKILL.value} (attempt 1 of 4)" in lines
@@ -169,7 +179,7 @@ def test_a_full_disk_is_not_retried_and_the_last_line_names_the_file(tmp_path):
     with tmpfs(tmp_path / "disk", size="256k") as disk:
         command = [sys.executable, "-m", "pipelines.launch", str(pipeline), "r", "--out", str(disk / "run")]
         result = run_group(command, timeout=300, env=env)
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    lines = _lines(result.stderr)
     assert result.returncode == 1, result.stderr[-3000:]
     assert not [line for line in lines if line.startswith("launch: attempt")]
     assert re.fullmatch(
