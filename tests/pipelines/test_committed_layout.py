@@ -9,6 +9,8 @@ reads the old runs beside the new ones of the same name.
 from __future__ import annotations
 
 import contextlib
+import json
+import re
 from functools import cache
 from pathlib import Path
 
@@ -63,4 +65,65 @@ def test_every_committed_run_folder_is_a_defined_stages_output() -> None:
     assert not orphans, (
         f"result folders that no stage of any dvc.yaml writes: {orphans}; remove them (`git rm -r`, "
         "they stay in git history) or name the stage that writes them"
+    )
+
+
+def _release_record() -> tuple[str, str, list[str]]:
+    """The newest release record: its file, the commit of its "## Stages at git <sha>" table, its stages."""
+    for name in ("release2.md", "release.md"):
+        path = REPO_ROOT / "results" / name
+        if not path.exists():
+            continue
+        text = path.read_text()
+        found = re.search(r"^## Stages at git ([0-9a-f]{7,40})\n(.*?)(?=^## |\Z)", text, re.M | re.S)
+        if found:
+            stages = re.findall(r"^\| `([^`]+)` \|", found.group(2), re.M)
+            return f"results/{name}", found.group(1), stages
+    pytest.skip("no release record with a '## Stages at git <sha>' table")
+
+
+def _lock_and_name(stage: str) -> tuple[str, str]:
+    """``pipelines/suite/dvc.yaml:train@mnist_a`` -> (``pipelines/suite/dvc.lock``, ``train@mnist_a``)."""
+    dvcfile, _, name = stage.rpartition(":")
+    return str(Path(dvcfile or "dvc.yaml").with_name("dvc.lock")), name
+
+
+def test_every_stage_in_the_release_record_is_defined_once() -> None:
+    record, _, stages = _release_record()
+    assert stages, f"{record} has an empty stage table"
+    repeated = sorted({s for s in stages if stages.count(s) > 1})
+    assert not repeated, f"{record} lists these stages more than once: {repeated}"
+    undefined = [s for s in stages if _lock_and_name(s)[1] not in _defined().get(_lock_and_name(s)[0], {})]
+    assert not undefined, f"{record} lists stages no dvc.yaml defines: {undefined}"
+
+
+def test_every_run_of_a_released_stage_records_the_release_commit() -> None:
+    """What a release stage wrote (``run.json``, evaluation records) names the commit it ran at.
+
+    A stage rerun by hand at another commit, or outputs left over from the previous release inside a
+    released stage's folder, would show up here as a second sha.
+    """
+    record, commit, stages = _release_record()
+    wrong: list[str] = []
+    checked = 0
+    for stage in stages:
+        lock, name = _lock_and_name(stage)
+        for out in _defined().get(lock, {}).get(name, ()):
+            root = REPO_ROOT / out
+            files = (
+                sorted(root.rglob("*.json")) if root.is_dir() else [root] if root.suffix == ".json" else []
+            )
+            for path in files:
+                try:
+                    sha = json.loads(path.read_text()).get("git_sha")
+                except (ValueError, AttributeError):
+                    continue
+                if sha is None:
+                    continue
+                checked += 1
+                if sha != commit:
+                    wrong.append(f"{path.relative_to(REPO_ROOT)}: {sha}")
+    assert checked, f"no run records found under the outputs of {record}'s stages"
+    assert not wrong, (
+        f"{record} says these stages ran at {commit}, but their records name another commit: {wrong[:20]}"
     )
