@@ -73,8 +73,8 @@ def _main_commit(cell: str) -> str | None:
     return found.group(1) if found else None
 
 
-def _release_record() -> tuple[str, str, list[tuple[str, str]]]:
-    """The newest release record: its file, its "## Stages at git <sha>" commit, its (stage, commit) rows."""
+def _release_record() -> tuple[str, list[tuple[str, str]]]:
+    """The newest release record: its file and the (stage, commit) rows of its "## Stages at git <sha>" table."""
     for name in ("release2.md", "release.md"):
         path = REPO_ROOT / "results" / name
         if not path.exists():
@@ -85,23 +85,23 @@ def _release_record() -> tuple[str, str, list[tuple[str, str]]]:
             rows = re.findall(r"^\| `([^`]+)` \|[^|]*\|([^|]*)\|", found.group(2), re.M)
             # A report may run with main's report code in the main checkout; its row names that commit.
             stages = [(stage, _main_commit(seconds) or found.group(1)) for stage, seconds in rows]
-            return f"results/{name}", found.group(1), stages
+            return f"results/{name}", stages
     pytest.skip("no release record with a '## Stages at git <sha>' table")
 
 
-def _lock_and_name(stage: str) -> tuple[str, str]:
-    """``pipelines/suite/dvc.yaml:train@mnist_a`` -> (``pipelines/suite/dvc.lock``, ``train@mnist_a``)."""
-    dvcfile, _, name = stage.rpartition(":")
-    return str(Path(dvcfile or "dvc.yaml").with_name("dvc.lock")), name
+def _outputs(stage: str) -> tuple[str, ...] | None:
+    """The outputs of a record's stage, as its dvc.yaml defines them; None when none defines it."""
+    dvcfile, _, name = stage.rpartition(":")  # a root stage has no ``<dvc.yaml>:`` prefix
+    return _defined().get(str(Path(dvcfile or "dvc.yaml").with_name("dvc.lock")), {}).get(name)
 
 
 def test_every_stage_in_the_release_record_is_defined_once() -> None:
-    record, _, rows = _release_record()
+    record, rows = _release_record()
     stages = [stage for stage, _ in rows]
     assert stages, f"{record} has an empty stage table"
     repeated = sorted({s for s in stages if stages.count(s) > 1})
     assert not repeated, f"{record} lists these stages more than once: {repeated}"
-    undefined = [s for s in stages if _lock_and_name(s)[1] not in _defined().get(_lock_and_name(s)[0], {})]
+    undefined = [s for s in stages if _outputs(s) is None]
     assert not undefined, f"{record} lists stages no dvc.yaml defines: {undefined}"
 
 
@@ -111,12 +111,11 @@ def test_every_run_of_a_released_stage_records_the_release_commit() -> None:
     A stage rerun by hand at another commit, or outputs left over from the previous release inside a
     released stage's folder, would show up here as a second sha.
     """
-    record, _, rows = _release_record()
+    record, rows = _release_record()
     wrong: list[str] = []
     checked = 0
     for stage, commit in rows:
-        lock, name = _lock_and_name(stage)
-        for out in _defined().get(lock, {}).get(name, ()):
+        for out in _outputs(stage) or ():
             root = REPO_ROOT / out
             files = (
                 sorted(root.rglob("*.json")) if root.is_dir() else [root] if root.suffix == ".json" else []
