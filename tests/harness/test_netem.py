@@ -110,6 +110,12 @@ def test_a_failure_a_restart_cannot_fix_is_not_restarted(tmp_path: Path, caplog)
             open({str(starts)!r}, "a").write(f"{{rank}} ")
             with recorded(rank):
                 if rank == 1:
+                    # fail only once rank 0 has started (under load rank 0's start can come after
+                    # rank 1's failure stopped the group, and then it never writes its start)
+                    deadline = time.monotonic() + 60
+                    while "0" not in open({str(starts)!r}).read().split():
+                        assert time.monotonic() < deadline, "rank 0 never started"
+                        time.sleep(0.05)
                     raise FloatingPointError("final test_loss is inf at step 8")
                 time.sleep(60)
             """
