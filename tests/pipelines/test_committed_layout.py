@@ -74,19 +74,15 @@ def _main_commit(cell: str) -> str | None:
 
 
 def _release_record() -> tuple[str, list[tuple[str, str]]]:
-    """The newest release record: its file and the (stage, commit) rows of its "## Stages at git <sha>" table."""
-    for name in ("release2.md", "release.md"):
-        path = REPO_ROOT / "results" / name
-        if not path.exists():
-            continue
-        text = path.read_text()
-        found = re.search(r"^## Stages at git ([0-9a-f]{7,40})\n(.*?)(?=^## |\Z)", text, re.M | re.S)
-        if found:
-            rows = re.findall(r"^\| `([^`]+)` \|[^|]*\|([^|]*)\|", found.group(2), re.M)
-            # A report may run with main's report code in the main checkout; its row names that commit.
-            stages = [(stage, _main_commit(seconds) or found.group(1)) for stage, seconds in rows]
-            return f"results/{name}", stages
-    pytest.skip("no release record with a '## Stages at git <sha>' table")
+    """The newest release record (``results/release.md``; older ones are ``release<N>.md``): its
+    file and the (stage, commit) rows of its "## Stages at git <sha>" table."""
+    record = "results/release.md"
+    text = (REPO_ROOT / record).read_text()
+    found = re.search(r"^## Stages at git ([0-9a-f]{7,40})\n(.*?)(?=^## |\Z)", text, re.M | re.S)
+    assert found, f"{record} has no '## Stages at git <sha>' table"
+    rows = re.findall(r"^\| `([^`]+)` \|[^|]*\|([^|]*)\|", found.group(2), re.M)
+    # A report may run with main's report code in the main checkout; its row names that commit.
+    return record, [(stage, _main_commit(seconds) or found.group(1)) for stage, seconds in rows]
 
 
 def _outputs(stage: str) -> tuple[str, ...] | None:
