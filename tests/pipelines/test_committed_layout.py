@@ -3,7 +3,8 @@
 A stage that is renamed or dropped (release 1's suite groups ``mnist_3``, TernGrad's per-run
 stages) leaves its ``dvc.lock`` entry and its output folder behind unless someone removes them:
 a lock then describes outputs no stage writes, and a report that reads a whole ``runs/`` folder
-reads the old runs beside the new ones of the same name.
+reads the old runs beside the new ones of the same name. And README.md names exactly the stages a
+fresh clone's ``dvc status`` lists (a release leaves those whose outputs are in DVC's cache only).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import subprocess
 from functools import cache
 from pathlib import Path
 
@@ -130,3 +132,49 @@ def test_every_run_of_a_released_stage_records_the_release_commit() -> None:
     assert not wrong, (
         f"{record} names the commit each stage ran at, but these records name another: {wrong[:20]}"
     )
+
+
+def _clone_lists() -> list[str]:
+    """The stages a fresh clone's ``dvc status`` lists: those with an output in DVC's cache and not in
+    git (the clone lacks it), and those that read such an output; ``<dvc.yaml>:<stage>``."""
+    from dvc.repo import Repo
+
+    tracked = set(
+        subprocess.run(["git", "-C", str(REPO_ROOT), "ls-files"], check=True, capture_output=True, text=True)
+        .stdout.splitlines()
+    )
+
+    def in_git(path: str) -> bool:
+        return path in tracked or any(name.startswith(f"{path}/") for name in tracked)
+
+    with contextlib.chdir(REPO_ROOT), Repo(str(REPO_ROOT)) as repo:
+        stages = list(repo.index.stages)
+        root = Path(repo.root_dir)
+        absent = {
+            out.fs_path for stage in stages for out in stage.outs
+            if out.use_cache and not in_git(str(Path(out.fs_path).relative_to(root)))
+        }
+        return sorted(
+            f"{stage.dvcfile.relpath}:{stage.name}"
+            for stage in stages
+            if any(o.fs_path in absent for o in stage.outs) or any(d.fs_path in absent for d in stage.deps)
+        )
+
+
+def test_the_readme_names_every_stage_a_fresh_clone_lists() -> None:
+    """README.md's paragraph on a fresh clone's ``dvc status`` names exactly the stages it lists."""
+    listed = _clone_lists()
+    paragraph = next(
+        (p for p in (REPO_ROOT / "README.md").read_text().split("\n\n") if "fresh clone's `dvc status`" in p), None
+    )
+    assert paragraph is not None, "README.md has no paragraph on a fresh clone's `dvc status`"
+    files = {name.rpartition(":")[0] for name in listed}
+    assert all(f"`{f}`" in paragraph for f in files), f"README.md: name the dvc.yaml of {sorted(files)}"
+    defined = {name for stages in _defined().values() for name in stages}
+    named = {token for token in re.findall(r"`([^`]+)`", paragraph) if token in defined}
+    expected = {name.rpartition(":")[2] for name in listed}
+    assert named == expected, (
+        f"README.md names {sorted(named - expected)} but a clone does not list them, and does not name "
+        f"{sorted(expected - named)}, which a clone lists"
+    )
+    assert re.search(rf"\b{len(listed)}\s+stages\b", paragraph), f"README.md: say '{len(listed)} stages'"
