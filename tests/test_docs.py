@@ -16,7 +16,8 @@ running anything:
 - ``common.x.y`` / ``kernels.x.y``: the module exists and defines or imports y;
 - ``from M import a, b`` in a Python block: M exists and names a and b;
 - a relative link resolves, and its ``#anchor`` is a heading of the page it points to;
-- the leaderboard table in ``docs/leaderboard.md`` equals ``results/leaderboard/report.json``.
+- the leaderboard tables in ``docs/leaderboard.md`` equal ``results/leaderboard/report.json``, and
+  README.md's verdict counts per paper equal ``results/summary.md``'s.
 """
 
 from __future__ import annotations
@@ -447,29 +448,74 @@ def test_the_checker_finds_what_does_not_exist(tmp_path):
     ]
 
 
-def test_the_leaderboard_table_is_the_reports():
-    """The hand-laid table (time to target and speed-up per task and rate) against report.json."""
+def _leaderboard_cell(row: dict, kind: str) -> str:
+    """A time-to-target cell as docs/leaderboard.md writes it, from one row of report.json."""
+    if not row["within"]:
+        return "not within 2x steps"
+    return f"{row[f'{kind}_seconds']:.1f} s ({row['speedup']:.2f}x)"
+
+
+def _leaderboard_steps(row: dict) -> str:
+    """The steps-to-target cell: each seed's steps, "—" for a seed that never reached the target."""
+    return ", ".join("—" if s is None else f"{s:.0f}" for s in row["steps_to_target"])
+
+
+def test_the_leaderboard_tables_are_the_reports():
+    """The hand-laid tables (per task: steps and time to target per rate) against report.json."""
     rows = json.loads((REPO / "results" / "leaderboard" / "report.json").read_text())["rows"]
     by_key = {(r["method"], r["task"], r["rate"]): r for r in rows}
     lines = (REPO / "docs" / "leaderboard.md").read_text().splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("| method | MNIST 100 Mbit/s"))
-    header = [c.strip() for c in lines[start].strip("|").split("|")]
     tasks = {"MNIST": "mnist", "CIFAR-10": "cifar", "Shakespeare": "shakespeare"}
     rates = {"100 Mbit/s": "100mbit", "1 Gbit/s": "1gbit", "10 Gbit/s": "10gbit"}
-    columns = []
-    for cell in header[1:]:
-        match = re.match(r"^(MNIST|CIFAR-10|Shakespeare) (100 Mbit/s|1 Gbit/s|10 Gbit/s)", cell)
-        assert match, f"docs/leaderboard.md: a column the check cannot read: {cell!r}"
-        columns.append((tasks[match[1]], rates[match[2]], "modelled" if "modelled" in cell else "measured"))
-    checked = 0
-    for line in itertools.takewhile(lambda x: x.startswith("|"), lines[start + 2 :]):
-        method, *cells = [c.strip().replace("**", "") for c in line.strip("|").split("|")]
-        for (task, rate, kind), cell in zip(columns, cells, strict=True):
-            row = by_key[(method, task, rate)]
-            seconds = row[f"{kind}_seconds"]
-            expected = "—" if seconds is None else f"{seconds:.1f} s ({row['speedup']:.2f}x)"
-            assert cell == expected, (
-                f"docs/leaderboard.md: {method}, {task} at {rate}: {cell!r}, report.json: {expected!r}"
-            )
-            checked += 1
-    assert checked == 14 * 6
+    starts = [i for i, line in enumerate(lines) if line.startswith("| method | steps to target, per seed |")]
+    seen: set[tuple[str, str, str]] = set()
+    for start in starts:
+        header = [c.strip() for c in lines[start].strip("|").split("|")]
+        columns = []
+        for cell in header[2:]:
+            match = re.match(r"^(MNIST|CIFAR-10|Shakespeare) (100 Mbit/s|1 Gbit/s|10 Gbit/s)", cell)
+            assert match, f"docs/leaderboard.md:{start + 1}: a column the check cannot read: {cell!r}"
+            kind = "modelled" if "modelled" in cell else "measured"
+            columns.append((tasks[match[1]], rates[match[2]], kind))
+        for line in itertools.takewhile(lambda x: x.startswith("|"), lines[start + 2 :]):
+            method, steps, *cells = [c.strip().replace("**", "") for c in line.strip("|").split("|")]
+            for (task, rate, kind), cell in zip(columns, cells, strict=True):
+                row = by_key[(method, task, rate)]
+                expected = _leaderboard_cell(row, kind)
+                assert cell == expected, (
+                    f"docs/leaderboard.md: {method}, {task} at {rate}: {cell!r}, report.json: {expected!r}"
+                )
+                assert steps == _leaderboard_steps(row), (
+                    f"docs/leaderboard.md: {method}, {task}: steps {steps!r}, report.json: "
+                    f"{_leaderboard_steps(row)!r}"
+                )
+                seen.add((method, task, rate))
+    missing = sorted(set(by_key) - seen)
+    assert not missing, f"docs/leaderboard.md: report.json rows no table shows: {missing[:5]} ..."
+
+
+def test_the_readmes_verdict_counts_are_the_summarys():
+    """README.md's papers table counts each paper's verdicts as ``results/summary.md`` gives them."""
+    summary = (REPO / "results" / "summary.md").read_text()
+    section = summary.split("## Every claim", 1)[1].split("\n## ", 1)[0]
+    counts: dict[str, list[int]] = {}
+    undecidable: dict[str, int] = {}
+    verdicts = ["**reproduced**", "**not reproduced**", "inconclusive"]
+    for line in section.splitlines():
+        paper = re.match(r"^\| (\w+): ", line)
+        if paper:
+            verdict = next(v for v in verdicts if f"| {v} |" in line)
+            counts.setdefault(paper[1], [0, 0, 0])[verdicts.index(verdict)] += 1
+        listed = re.match(r"^- (\w+): ", line)
+        if listed:
+            undecidable[listed[1]] = undecidable.get(listed[1], 0) + 1
+    readme = (REPO / "README.md").read_text()
+    shown = {
+        m[1]: m[2] for m in re.finditer(r"^\| [^|]+ \| \[papers/(\w+)\][^|]*\|[^|]*\| ([^|]+) \|$", readme, re.M)
+    }
+    assert set(shown) == set(counts), f"README.md's papers table: {sorted(shown)}, the summary: {sorted(counts)}"
+    for paper, (yes, no, open_) in counts.items():
+        expected = f"{yes} / {no} / {open_}"
+        if paper in undecidable:
+            expected += f" (and {undecidable[paper]} no run here can decide)"
+        assert shown[paper].strip() == expected, f"README.md, {paper}: {shown[paper]!r}, results/summary.md: {expected!r}"
