@@ -511,11 +511,16 @@ def test_the_readmes_verdict_counts_are_the_summarys():
             undecidable[listed[1]] = undecidable.get(listed[1], 0) + 1
     readme = (REPO / "README.md").read_text()
     shown = {
-        m[1]: m[2] for m in re.finditer(r"^\| [^|]+ \| \[papers/(\w+)\][^|]*\|[^|]*\| ([^|]+) \|$", readme, re.M)
+        m[1]: m[2]
+        for m in re.finditer(r"^\| [^|]+ \| \[papers/(\w+)\][^|]*\|[^|]*\| ([^|]+) \|$", readme, re.M)
     }
-    assert set(shown) == set(counts), f"README.md's papers table: {sorted(shown)}, the summary: {sorted(counts)}"
+    assert set(shown) == set(counts), (
+        f"README.md's papers table: {sorted(shown)}, the summary: {sorted(counts)}"
+    )
     for paper, (yes, no, open_) in counts.items():
         expected = f"{yes} / {no} / {open_}"
         if paper in undecidable:
             expected += f" (and {undecidable[paper]} no run here can decide)"
-        assert shown[paper].strip() == expected, f"README.md, {paper}: {shown[paper]!r}, results/summary.md: {expected!r}"
+        assert shown[paper].strip() == expected, (
+            f"README.md, {paper}: {shown[paper]!r}, results/summary.md: {expected!r}"
+        )

@@ -140,8 +140,9 @@ def _clone_lists() -> list[str]:
     from dvc.repo import Repo
 
     tracked = set(
-        subprocess.run(["git", "-C", str(REPO_ROOT), "ls-files"], check=True, capture_output=True, text=True)
-        .stdout.splitlines()
+        subprocess.run(
+            ["git", "-C", str(REPO_ROOT), "ls-files"], check=True, capture_output=True, text=True
+        ).stdout.splitlines()
     )
 
     def in_git(path: str) -> bool:
@@ -151,7 +152,9 @@ def _clone_lists() -> list[str]:
         stages = list(repo.index.stages)
         root = Path(repo.root_dir)
         absent = {
-            out.fs_path for stage in stages for out in stage.outs
+            out.fs_path
+            for stage in stages
+            for out in stage.outs
             if out.use_cache and not in_git(str(Path(out.fs_path).relative_to(root)))
         }
         return sorted(
@@ -165,7 +168,8 @@ def test_the_readme_names_every_stage_a_fresh_clone_lists() -> None:
     """README.md's paragraph on a fresh clone's ``dvc status`` names exactly the stages it lists."""
     listed = _clone_lists()
     paragraph = next(
-        (p for p in (REPO_ROOT / "README.md").read_text().split("\n\n") if "fresh clone's `dvc status`" in p), None
+        (p for p in (REPO_ROOT / "README.md").read_text().split("\n\n") if "fresh clone's `dvc status`" in p),
+        None,
     )
     assert paragraph is not None, "README.md has no paragraph on a fresh clone's `dvc status`"
     files = {name.rpartition(":")[0] for name in listed}
